@@ -1,0 +1,1 @@
+"""Attention velocity fields Gamma_mu, one family per module."""

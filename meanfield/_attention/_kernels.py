@@ -1,0 +1,92 @@
+"""Dense kernels shared by every attention family.
+
+Logits are always bilinear plus a per-key bias, l_ij = <q_i, k_j> + b_j, so a
+family only supplies (q, k, b); weights enter as log-prior log w_j and the causal
+mask as -inf. Everything is in max-shifted (log-sum-exp) form so that float32 stays
+finite for logits of size 1e4.
+"""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+
+def compute_dtype(dtype):
+    """Softmax arithmetic in at least float32 (half precision loses the logits)."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def log_weights(weights: Float[Array, " n"]) -> Float[Array, " n"]:
+    """Log w with -inf for w = 0 and finite gradients (double `where`)."""
+    positive = weights > 0
+    return jnp.where(positive, jnp.log(jnp.where(positive, weights, 1)), -jnp.inf)
+
+
+def causal_mask(
+    query_positions: Float[Array, " m"] | None, key_positions: Float[Array, " n"] | None
+) -> Bool[Array, "m n"] | None:
+    """mask_ij = (s_j <= s_i): query i sees key j; None when unmasked."""
+    if query_positions is None:
+        return None
+    return key_positions[None, :] <= query_positions[:, None]
+
+
+def logits(
+    q: Float[Array, "m k"],
+    keys: Float[Array, "n k"],
+    key_bias: Float[Array, " n"] | None,
+) -> Float[Array, "m n"]:
+    """l_ij = <q_i, k_j> + b_j (one matmul, no (m, n, k) intermediate)."""
+    out = q @ keys.T
+    return out if key_bias is None else out + key_bias[None, :]
+
+
+def softmax_average(
+    logits: Float[Array, "m n"],
+    values: Float[Array, "n d"],
+    mask: Bool[Array, "m n"] | None = None,
+) -> Float[Array, "m d"]:
+    """sum_j softmax_j(l_ij) v_j over the keys j with mask_ij; 0 for empty rows.
+
+    A row with no visible key (a query position before every key position) is the
+    average over an empty measure: its velocity is defined as 0.
+    """
+    if mask is not None:
+        logits = jnp.where(mask, logits, -jnp.inf)
+    row_max = jnp.max(logits, axis=-1, keepdims=True)
+    # Empty rows have max -inf: shift by 0 instead so no inf - inf = NaN appears.
+    row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0))
+    p = jnp.exp(logits - row_max)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    return (p @ values) / jnp.where(denom > 0, denom, 1)
+
+
+def exp_kernel_sum(
+    logits: Float[Array, "m n"],
+    log_w: Float[Array, " n"],
+    values: Float[Array, "n d"],
+    mask: Bool[Array, "m n"] | None = None,
+) -> Float[Array, "m d"]:
+    """sum_j w_j exp(l_ij) v_j, unnormalised, as exp(M_i) * sum_j exp(l_ij + log w_j - M_i).
+
+    Overflows (to inf) only where the true value exceeds the dtype's range.
+    """
+    shifted = logits + log_w[None, :]
+    if mask is not None:
+        shifted = jnp.where(mask, shifted, -jnp.inf)
+    row_max = jnp.max(shifted, axis=-1, keepdims=True)
+    row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0))
+    return jnp.exp(row_max) * (jnp.exp(shifted - row_max) @ values)
+
+
+def kernel_sum(
+    kernel: Float[Array, "m n"],
+    weights: Float[Array, " n"],
+    values: Float[Array, "n d"],
+    mask: Bool[Array, "m n"] | None = None,
+) -> Float[Array, "m d"]:
+    """sum_j w_j K_ij v_j for an explicit (bounded or polynomial) kernel matrix."""
+    kernel = kernel * weights[None, :]
+    if mask is not None:
+        kernel = jnp.where(mask, kernel, 0)
+    return kernel @ values

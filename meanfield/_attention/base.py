@@ -1,0 +1,226 @@
+"""Attention interfaces and the shared bilinear parametrisation.
+
+Parameters follow Castin et al.: Q, K in R^{k x d} (or A = K^T Q in R^{d x d}) and
+V in R^{d x d}, so <Q x, K y> = <A x, y>. Each may be an array or a function of t.
+"""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from .._checks import as_float_array, check_finite
+from .._custom_types import Param
+from .._measures import AbstractMeasure, AbstractParticles, MaskedParticles
+from .._params import as_param, at
+from . import _kernels
+
+
+def check_bilinear_args(A, Q, K, cls_name: str) -> None:
+    """Exactly one of `A` or the pair (`Q`, `K`) must be given."""
+    if A is not None and (Q is not None or K is not None):
+        raise ValueError(f"{cls_name}: pass either `A` or both `Q` and `K`, not both.")
+    if A is None and (Q is None or K is None):
+        raise ValueError(
+            f"{cls_name}: pass either `A` (d, d) or both `Q` and `K` (k, d)."
+        )
+
+
+def param_at(param, t, name: str, shape: tuple) -> Float[Array, "..."]:
+    """Evaluate `param` at t and check its shape (None entries match anything)."""
+    value = at(param, t)
+    ok = value.ndim == len(shape) and all(
+        s is None or s == v for s, v in zip(shape, value.shape, strict=True)
+    )
+    if not ok:
+        want = "(" + ", ".join("k" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(
+            f"`{name}` must have shape {want} for tokens of dimension d = {shape[-1]}; "
+            f"got shape {value.shape}."
+        )
+    return value
+
+
+def bilinear_features(
+    A, Q, K, t, z, x
+) -> tuple[Float[Array, "m k"], Float[Array, "n k"]]:
+    """(q, keys) with <q_i, keys_j> = <A z_i, x_j> = <Q z_i, K x_j>."""
+    d = x.shape[-1]
+    if A is not None:
+        return z @ param_at(A, t, "A", (d, d)).T, x
+    q = param_at(Q, t, "Q", (None, d))
+    k = param_at(K, t, "K", (q.shape[0], d))
+    return z @ q.T, x @ k.T
+
+
+def values_at(V, t, x) -> Float[Array, "n d"]:
+    """v_j = V x_j for every atom."""
+    d = x.shape[-1]
+    return x @ param_at(V, t, "V", (d, d)).T
+
+
+def _check_array_param(value, name: str, shape: tuple) -> None:
+    if value is not None and not callable(value):
+        param_at(value, 0.0, name, shape)
+
+
+def check_param_shapes(V, A=None, Q=None, K=None) -> None:
+    """Static shape checks for array parameters at construction (callables at call)."""
+    if not callable(V):
+        if V.ndim != 2 or V.shape[0] != V.shape[1]:
+            raise ValueError(f"`V` must have shape (d, d); got shape {V.shape}.")
+        d = V.shape[0]
+        _check_array_param(A, "A", (d, d))
+        _check_array_param(Q, "Q", (None, d))
+    if Q is not None and K is not None and not callable(Q) and not callable(K):
+        if Q.ndim != 2 or K.shape != Q.shape:
+            raise ValueError(
+                f"`Q` and `K` must both have shape (k, d); got {Q.shape} and {K.shape}."
+            )
+
+
+class AbstractAttention(eqx.Module):
+    """A self-attention velocity field mu -> Gamma_mu.
+
+    Subclasses implement `_evaluate`; the public methods validate inputs once.
+    """
+
+    @abc.abstractmethod
+    def _evaluate(
+        self,
+        measure: AbstractParticles,
+        z: Float[Array, "m d"],
+        positions: Float[Array, " m"] | None,
+        t,
+    ) -> tuple[Float[Array, "m d"], Bool[Array, ""]]:
+        """(Gamma_mu(z), ok); ok is False when an inner solver did not converge."""
+
+    def velocity_and_status(
+        self,
+        measure: AbstractParticles,
+        z: ArrayLike | None = None,
+        *,
+        positions: ArrayLike | None = None,
+        t=0.0,
+    ) -> tuple[Float[Array, "m d"], Bool[Array, ""]]:
+        """Velocity at z (default: the atoms) and whether inner solvers converged.
+
+        Same arguments as `velocity_at`; `z=None` evaluates at the measure's atoms.
+
+        Returns:
+            (velocity (m, d), converged: bool scalar). `converged` is False only for
+            Sinkhorn attention whose iterations stopped at `max_iter`.
+        """
+        if z is None:
+            if not isinstance(measure, AbstractParticles):
+                raise _not_particles(measure)
+            z, positions = measure.x, getattr(measure, "positions", None)
+        z, positions = _check_queries(measure, z, positions)
+        vel, ok = self._evaluate(measure, z, positions, t)
+        return vel.astype(z.dtype), ok
+
+    def velocity_at(
+        self,
+        measure: AbstractParticles,
+        z: ArrayLike,
+        *,
+        positions: ArrayLike | None = None,
+        t=0.0,
+    ) -> Float[Array, "m d"]:
+        """Gamma_mu(z) at arbitrary points.
+
+        Args:
+            measure: `Particles` or `MaskedParticles` (the latter selects masking).
+            z: query points, shape (m, d).
+            positions: query positions s, shape (m,), required for `MaskedParticles`
+                (query i sees atom j iff s_j <= positions_i); must be None otherwise.
+            t: time (for time-dependent parameters).
+
+        Returns:
+            Velocities, shape (m, d).
+        """
+        return self.velocity_and_status(measure, z, positions=positions, t=t)[0]
+
+    def velocity(self, measure: AbstractParticles, *, t=0.0) -> Float[Array, "n d"]:
+        """Gamma_mu at the measure's own atoms, shape (n, d)."""
+        return self.velocity_and_status(measure, t=t)[0]
+
+
+def _not_particles(measure) -> ValueError:
+    hint = (
+        " For a Gaussian use `mf.gaussian.velocity` or `measure.sample(key, n)`."
+        if isinstance(measure, AbstractMeasure)
+        else ""
+    )
+    return ValueError(
+        "`measure` must be `Particles` or `MaskedParticles`; "
+        f"got {type(measure).__name__}.{hint}"
+    )
+
+
+def _check_queries(measure, z, positions):
+    if not isinstance(measure, AbstractParticles):
+        raise _not_particles(measure)
+    z = as_float_array(z, "z").astype(measure.x.dtype)
+    if z.ndim != 2 or z.shape[1] != measure.dim:
+        raise ValueError(
+            f"`z` must have shape (m, d) with d = {measure.dim} (the measure's "
+            f"dimension); got shape {z.shape}."
+        )
+    if isinstance(measure, MaskedParticles):
+        if positions is None:
+            raise ValueError(
+                "`positions` (m,) of the query points is required for MaskedParticles."
+            )
+        positions = as_float_array(positions, "positions").astype(z.dtype)
+        if positions.shape != (z.shape[0],):
+            raise ValueError(
+                f"`positions` must have shape (m,) = ({z.shape[0]},); "
+                f"got {positions.shape}."
+            )
+        positions = check_finite(positions, "positions")
+    elif positions is not None:
+        raise ValueError("`positions` is only meaningful for MaskedParticles; got it.")
+    return z, positions
+
+
+def key_positions(measure) -> Float[Array, " n"] | None:
+    """Positions s_j of the atoms (None for unmasked particles)."""
+    return measure.positions if isinstance(measure, MaskedParticles) else None
+
+
+class AbstractKernelAttention(AbstractAttention):
+    """Row-normalised attention: Gamma(z_i) = sum_j softmax_j(l_ij + log w_j) V x_j.
+
+    A family only supplies `features(z, x, t) -> (q, keys, key_bias)` with
+    l_ij = <q_i, keys_j> + key_bias_j, the log-kernel up to per-row constants.
+    """
+
+    V: eqx.AbstractVar[Param]
+
+    @abc.abstractmethod
+    def features(
+        self, z: Float[Array, "m d"], x: Float[Array, "n d"], t
+    ) -> tuple[Float[Array, "m k"], Float[Array, "n k"], Float[Array, " n"] | None]:
+        """(q, keys, key_bias) such that log k(z_i, x_j) = <q_i, keys_j> + key_bias_j."""
+
+    def _evaluate(self, measure, z, positions, t):
+        dtype = _kernels.compute_dtype(z.dtype)
+        x = measure.x.astype(dtype)
+        q, keys, bias = self.features(z.astype(dtype), x, t)
+        log_w = _kernels.log_weights(measure.weights.astype(dtype))
+        bias = log_w if bias is None else bias + log_w
+        mask = _kernels.causal_mask(positions, key_positions(measure))
+        vel = _kernels.softmax_average(
+            _kernels.logits(q, keys, bias), values_at(self.V, t, x), mask
+        )
+        return vel, jnp.array(True)
+
+
+def init_params(V, A, Q, K, cls_name: str):
+    """Convert and check (V, A, Q, K) as a bilinear attention's parameters."""
+    check_bilinear_args(A, Q, K, cls_name)
+    V, A, Q, K = (as_param(p, n) for p, n in ((V, "V"), (A, "A"), (Q, "Q"), (K, "K")))
+    check_param_shapes(V, A, Q, K)
+    return V, A, Q, K

@@ -1,0 +1,62 @@
+"""Input validation: ValueError when values are concrete, `eqx.error_if` under tracing.
+
+Static misuse (shapes, options) is always a ValueError at trace time. Value checks
+(NaN/inf, simplex, positions in [0, 1], SPD) are ValueErrors for concrete inputs and
+runtime errors (`eqx.error_if`) when the inputs are traced under jit/vmap/grad.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def is_traced(*arrays) -> bool:
+    """Whether any of `arrays` is an abstract tracer (inside jit/vmap/grad)."""
+    return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+def check_values(arrays: tuple, bad, message: str) -> tuple:
+    """Raise if `bad` (a scalar bool computed from `arrays`) holds.
+
+    Returns `arrays` (threaded through `eqx.error_if` when traced, so the check
+    is not dead-code eliminated under jit).
+    """
+    if is_traced(*arrays, bad):
+        return eqx.error_if(arrays, bad, message)
+    if bool(np.asarray(bad)):
+        raise ValueError(message)
+    return arrays
+
+
+def as_float_array(value, name: str, dtype=None) -> jax.Array:
+    """`jnp.asarray(value)` as a floating dtype; ValueError naming `name` otherwise."""
+    try:
+        arr = jnp.asarray(value, dtype=dtype)
+    except TypeError as err:
+        raise ValueError(
+            f"`{name}` must be an array of numbers; got {value!r}."
+        ) from err
+    if not jnp.issubdtype(arr.dtype, jnp.floating):
+        arr = arr.astype(jnp.result_type(float))
+    return arr
+
+
+def check_finite(arr: jax.Array, name: str) -> jax.Array:
+    """Reject NaN/inf entries in `arr`."""
+    (arr,) = check_values(
+        (arr,), jnp.any(~jnp.isfinite(arr)), f"`{name}` contains NaN or inf."
+    )
+    return arr
+
+
+def check_shape(arr: jax.Array, shape: tuple, name: str, meaning: str) -> None:
+    """ValueError unless `arr.shape == shape` (None entries match anything)."""
+    ok = arr.ndim == len(shape) and all(
+        s is None or s == a for s, a in zip(shape, arr.shape, strict=True)
+    )
+    if not ok:
+        want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+        raise ValueError(
+            f"`{name}` must have shape {meaning} = {want}; got shape {arr.shape}."
+        )

@@ -1,0 +1,396 @@
+"""Particle dynamics of the Transformer PDE: x_i' = Gamma_mu(x_i) (diffrax), and the
+discrete residual Transformer x <- x + h Gamma_mu(x) (its explicit Euler scheme).
+"""
+
+import math
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import optimistix as optx
+from jaxtyping import Array, ArrayLike, Float, Int
+
+from . import _status
+from ._attention.base import AbstractAttention
+from ._checks import is_traced
+from ._measures import AbstractParticles
+
+_ADAPTIVE_SOLVERS = {
+    "tsit5": dfx.Tsit5,
+    "dopri5": dfx.Dopri5,
+    "dopri8": dfx.Dopri8,
+    "bosh3": dfx.Bosh3,
+    "heun": dfx.Heun,
+    "midpoint": dfx.Midpoint,
+    "ralston": dfx.Ralston,
+}
+_FIXED_STEP_SOLVERS = {"euler": dfx.Euler}
+SOLVERS = tuple(sorted(_ADAPTIVE_SOLVERS) + sorted(_FIXED_STEP_SOLVERS))
+NORMALIZATIONS = (None, "sphere")
+
+
+class Solution(eqx.Module):
+    """Trajectory of a particle measure under attention dynamics.
+
+    Attributes:
+        ts: save times, shape (T,). Entries after an early stop (blow-up) are +inf.
+        x: positions, shape (T, n, d); rows after an early stop are +inf.
+        blowup_time: first time max_i |x_i| reached `blowup_radius` (or the velocity
+            overflowed the dtype), +inf if it did not.
+        result: integer result code; see `status`.
+        t_final: time at which integration stopped.
+        num_steps: accepted + rejected solver steps (L for `layers`).
+        initial: the initial measure (carries weights and positions).
+    """
+
+    ts: Float[Array, " T"]
+    x: Float[Array, "T n d"]
+    blowup_time: Float[Array, ""]
+    result: Int[Array, ""]
+    t_final: Float[Array, ""]
+    num_steps: Int[Array, ""]
+    initial: AbstractParticles
+
+    @property
+    def status(self) -> str:
+        """'success' | 'blowup' | 'max_steps' | 'sinkhorn_not_converged' | 'failed'."""
+        return _status.name(self.result)
+
+    @property
+    def reached(self) -> Array:
+        """Boolean mask (T,) of the save times that were reached."""
+        return jnp.isfinite(self.ts)
+
+    def measure(self, i: int) -> AbstractParticles:
+        """The measure at `ts[i]`, of the same type as the initial measure."""
+        return eqx.tree_at(lambda m: m.x, self.initial, self.x[i])
+
+
+def _project_sphere(x, vel):
+    # P_x^perp v = v - <x, v> x: the LayerNorm model keeps |x_i| = 1.
+    return vel - jnp.sum(x * vel, axis=-1, keepdims=True) * x
+
+
+def _velocity_field(attn, measure, normalization, horizon, tdtype):
+    """(t, state) -> state' with state = (x, flags).
+
+    flags integrates two indicators, (blowing up, sinkhorn not converged): a
+    nonzero value means it happened on an accepted step. "Blowing up" is a velocity
+    that overflows the dtype, or an e-folding time max|x| / max|x'| shorter than
+    max(1e-10 (t1 - t0), 1000 ulps of t). Near a blow-up at t* the e-folding time is
+    at least as short as (t* - t) / p for growth like (t* - t)^-p, so the blow-up
+    is that close; past it an adaptive solver only shrinks dt until max_steps. The
+    velocity is then replaced by 0 so the step is accepted and the event stops the
+    solve there.
+    """
+
+    def field(t, state, args):
+        x, _ = state
+        if normalization == "sphere":
+            # Evaluate on the sphere: radial round-off drift cannot feed back.
+            x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+        mu = eqx.tree_at(lambda m: m.x, measure, x)
+        vel, converged = attn.velocity_and_status(mu, t=t)
+        if normalization == "sphere":
+            vel = _project_sphere(x, vel)
+        ulp_t = jnp.finfo(tdtype).eps * jnp.maximum(jnp.abs(t), 1)
+        min_efold = jnp.maximum(1e-10 * horizon, 1000 * ulp_t)
+        speed = jnp.max(jnp.linalg.norm(vel, axis=-1))
+        radius = jnp.maximum(jnp.max(jnp.linalg.norm(x, axis=-1)), 1)
+        too_fast = speed * min_efold > radius
+        stop = ~jnp.all(jnp.isfinite(vel)) | too_fast
+        vel = jnp.where(stop, 0, vel)
+        flags = jnp.stack([stop, ~converged]).astype(x.dtype)
+        return vel, flags
+
+    return field
+
+
+def _solver(solver):
+    if isinstance(solver, dfx.AbstractSolver):
+        return solver, not isinstance(solver, dfx.Euler)
+    if solver in _ADAPTIVE_SOLVERS:
+        return _ADAPTIVE_SOLVERS[solver](), True
+    if solver in _FIXED_STEP_SOLVERS:
+        return _FIXED_STEP_SOLVERS[solver](), False
+    raise ValueError(
+        f"`solver` must be one of {SOLVERS} or a diffrax solver; got {solver!r}."
+    )
+
+
+def _check_common(measure, attn, normalization):
+    if not isinstance(measure, AbstractParticles):
+        raise ValueError(
+            "`measure` must be `Particles` or `MaskedParticles`; got "
+            f"{type(measure).__name__} (for a Gaussian use `mf.gaussian.simulate`)."
+        )
+    if not isinstance(attn, AbstractAttention):
+        raise ValueError(
+            f"`attn` must be an attention module; got {type(attn).__name__}."
+        )
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(
+            f"`normalization` must be one of {NORMALIZATIONS}; got {normalization!r}."
+        )
+    if normalization == "sphere":
+        x = measure.x
+        measure = eqx.tree_at(
+            lambda m: m.x, measure, x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+        )
+    return measure
+
+
+def _final_result(dfx_result, event_mask, flags):
+    """Map diffrax's result and our flags to a meanfield result code."""
+    hit_event = jnp.any(jnp.stack(jax.tree.leaves(event_mask))) if event_mask else False
+    code = jnp.where(
+        dfx_result == dfx.RESULTS.max_steps_reached, _status.MAX_STEPS, _status.FAILED
+    )
+    code = jnp.where(dfx_result == dfx.RESULTS.successful, _status.SUCCESS, code)
+    code = jnp.where(flags[1] != 0, _status.SINKHORN_NOT_CONVERGED, code)
+    ended_by_event = (dfx_result == dfx.RESULTS.event_occurred) | hit_event
+    return jnp.where(ended_by_event, _status.BLOWUP, code), ended_by_event
+
+
+def simulate(
+    measure: AbstractParticles,
+    attn: AbstractAttention,
+    t1: float,
+    *,
+    t0: float = 0.0,
+    saveat: ArrayLike | None = None,
+    solver: str | dfx.AbstractSolver = "tsit5",
+    rtol: float = 1e-6,
+    atol: float = 1e-6,
+    dt0: float | None = None,
+    max_steps: int = 100_000,
+    normalization: str | None = None,
+    blowup_radius: float = 1e8,
+    progress: bool = False,
+    adjoint: dfx.AbstractAdjoint | None = None,
+) -> Solution:
+    """Integrate the particle system x_i' = Gamma_mu(t)(x_i) of the Transformer PDE.
+
+    For mu = sum_j w_j delta_{x_j} the PDE d_t mu + div(mu Gamma_mu) = 0 is exactly this
+    ODE (Geshkovski et al., 2023; Castin et al., 2025). Masked particles keep their
+    positions s_j; weights never change.
+
+    Args:
+        measure: initial `Particles` or `MaskedParticles`, x of shape (n, d).
+        attn: the attention velocity field.
+        t1: final time.
+        t0: initial time.
+        saveat: times (T,) in [t0, t1] at which to save; None saves t0 and t1.
+        solver: "tsit5" (adaptive, default), "dopri5", "dopri8", "bosh3", "heun",
+            "midpoint", "ralston", "euler" (fixed step: needs `dt0`), or a diffrax
+            solver instance.
+        rtol: relative tolerance of the adaptive step-size controller.
+        atol: absolute tolerance of the adaptive step-size controller.
+        dt0: initial step; when given, the step is constant (fixed-step solve).
+        max_steps: step budget; running out gives status "max_steps", not an error.
+        normalization: None, or "sphere" for the LayerNorm model of Geshkovski et
+            al. (x_i' = P_{x_i}^perp Gamma(x_i)). Initial points are normalised, the
+            field is evaluated on the sphere, and saved points are projected on it
+            (projection method), so |x_i| = 1 to rounding.
+        blowup_radius: stop with status "blowup" when max_i |x_i| reaches it (located
+            by root finding on log max_i |x_i| - log R). A blow-up is also reported
+            when the velocity overflows the dtype or the e-folding time
+            max|x| / max|x'| drops below max(1e-10 (t1 - t0), 1000 ulps of t), where no
+            solver can make progress (the blow-up time is then that close).
+        progress: show a tqdm progress bar.
+        adjoint: a diffrax adjoint for differentiation (default: recursive
+            checkpointing, reverse mode). Use `diffrax.ForwardMode()` for jax.jvp.
+
+    Returns:
+        A `Solution` (ts, x, blowup_time, status, measure(i)).
+
+    Raises:
+        ValueError: bad measure/attention type, unknown solver or normalization,
+            fixed-step solver without dt0, t1 <= t0, non-positive blowup_radius.
+    """
+    measure = _check_common(measure, attn, normalization)
+    solver, adaptive = _solver(solver)
+    if not float(t1) > float(t0):
+        raise ValueError(f"`t1` must be greater than `t0`; got t0={t0}, t1={t1}.")
+    if not blowup_radius > 0:
+        raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
+    if int(max_steps) < 1:
+        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps}.")
+    if dt0 is None and not adaptive:
+        raise ValueError("fixed-step `solver` needs a step size: pass `dt0`.")
+    if dt0 is not None and not float(dt0) > 0:
+        raise ValueError(f"`dt0` must be positive; got {dt0}.")
+    x0 = measure.x
+    dtype = x0.dtype
+    # Time in the state's dtype: diffrax promotes the state to the time dtype.
+    t0_, t1_ = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    # diffrax's event code compares condition values with a Python 0.0 inside a
+    # lax.cond, so they must be in the default float dtype (float64 under x64).
+    cond_dtype = jnp.result_type(float)
+
+    if saveat is None:
+        user_save = dfx.SubSaveAt(t0=True, t1=True)
+    else:
+        ts = jnp.asarray(saveat, dtype)
+        if ts.ndim != 1 or ts.shape[0] == 0:
+            raise ValueError(
+                f"`saveat` must be a non-empty 1-D array of times; got shape {ts.shape}."
+            )
+        if not is_traced(ts) and not (
+            bool(jnp.all(jnp.diff(ts) >= 0)) and ts[0] >= t0 and ts[-1] <= t1
+        ):
+            raise ValueError(
+                f"`saveat` must be non-decreasing times within [t0, t1] = [{t0}, {t1}]."
+            )
+        user_save = dfx.SubSaveAt(ts=ts)
+    # Always also save the final state: it tells where an early stop happened.
+    save = dfx.SaveAt(subs=(user_save, dfx.SubSaveAt(t1=True)))
+
+    if dt0 is not None:
+        controller = dfx.ConstantStepSize()
+    else:
+        # The flags are indicators, not dynamics: keep them out of the error norm.
+        controller = dfx.PIDController(
+            rtol=rtol, atol=atol, norm=lambda y: optx.rms_norm(y[0])
+        )
+    log_radius = math.log(blowup_radius)
+    tiny = jnp.finfo(dtype).tiny
+
+    def radius_crossed(t, y, args, **kwargs):
+        # diffrax passes these by keyword: the names t, y, args are required.
+        # Log scale keeps the root finder's residual O(1) (pitfall in float32).
+        radius = jnp.max(jnp.linalg.norm(y[0], axis=-1))
+        return (jnp.log(jnp.maximum(radius, tiny)) - log_radius).astype(cond_dtype)
+
+    def blowing_up(t, y, args, **kwargs):
+        # |F| - tiny, F the integrated "blowing up" indicator: 0 until the first
+        # flagged step, then ~ c (t - t_flag), so the root is the flag time. (A
+        # boolean condition would be simpler, but diffrax 0.7 mixes dtypes on it.)
+        return (jnp.abs(y[1][0]) - tiny).astype(cond_dtype)
+
+    event = dfx.Event(
+        (radius_crossed, blowing_up),
+        root_finder=optx.Newton(rtol=1e-5, atol=1e-5, norm=optx.rms_norm),
+    )
+    meter = (
+        dfx.TqdmProgressMeter(refresh_steps=20) if progress else dfx.NoProgressMeter()
+    )
+    kwargs = {} if adjoint is None else {"adjoint": adjoint}
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(
+            _velocity_field(attn, measure, normalization, float(t1 - t0), dtype)
+        ),
+        solver,
+        t0_,
+        t1_,
+        None if dt0 is None else jnp.asarray(dt0, dtype),
+        (x0, jnp.zeros(2, dtype)),
+        saveat=save,
+        stepsize_controller=controller,
+        max_steps=int(max_steps),
+        event=event,
+        throw=False,
+        progress_meter=meter,
+        **kwargs,
+    )
+    (ts, t_end), ((xs, _), (_, flags_end)) = sol.ts, sol.ys
+    t_final = t_end[0]
+    if normalization == "sphere":
+        # Projection method (Hairer, Lubich & Wanner, GNI IV.4): the field is evaluated
+        # at x/|x|, so radial round-off (O(rtol t)) never feeds back; report x/|x|.
+        norms = jnp.linalg.norm(xs, axis=-1, keepdims=True)
+        xs = jnp.where(jnp.isfinite(norms), xs / norms, xs)
+    result, blew_up = _final_result(sol.result, sol.event_mask, flags_end[0])
+    blowup_time = jnp.where(blew_up, t_final, jnp.inf)
+    return Solution(
+        ts=ts,
+        x=xs,
+        blowup_time=blowup_time,
+        result=result,
+        t_final=t_final,
+        num_steps=sol.stats["num_steps"],
+        initial=measure,
+    )
+
+
+def layers(
+    measure: AbstractParticles,
+    attn: AbstractAttention,
+    L: int,
+    *,
+    t1: float = 1.0,
+    normalization: str | None = None,
+    blowup_radius: float = 1e8,
+) -> Solution:
+    """Discrete residual Transformer: L layers x <- x + h Gamma_mu(t_l)(x), h = t1 / L.
+
+    Layer l uses the parameters at t_l = l h (so a `PiecewiseConstant` with L values
+    on [0, t1] gives each layer its own weights). This is the explicit Euler scheme
+    of `simulate`, first order in h (Castin et al., 2025).
+
+    Args:
+        measure: initial `Particles` or `MaskedParticles`.
+        attn: the attention velocity field.
+        L: number of layers (>= 1).
+        t1: total depth time.
+        normalization: None, or "sphere" (each layer projects back on the sphere:
+            x <- (x + h P_x^perp Gamma) / |...|, the post-LayerNorm model).
+        blowup_radius: a layer whose output exceeds it (or is non-finite) stops the
+            stack: status "blowup" at that layer's time, later rows +inf.
+
+    Returns:
+        A `Solution` with T = L + 1 saved states (ts = l h).
+    """
+    measure = _check_common(measure, attn, normalization)
+    if int(L) != L or L < 1:
+        raise ValueError(f"`L` must be an integer >= 1; got {L!r}.")
+    L = int(L)
+    if not float(t1) > 0:
+        raise ValueError(f"`t1` must be positive; got {t1}.")
+    x0 = measure.x
+    dtype = x0.dtype
+    h = jnp.asarray(t1 / L, dtype)
+
+    def layer(carry, l):
+        x, stopped, t_stop, ok_all = carry
+        t = l * h
+        mu = eqx.tree_at(lambda m: m.x, measure, x)
+        vel, ok = attn.velocity_and_status(mu, t=t)
+        if normalization == "sphere":
+            vel = _project_sphere(x, vel)
+        x_new = x + h * vel
+        if normalization == "sphere":
+            x_new = x_new / jnp.linalg.norm(x_new, axis=-1, keepdims=True)
+        bad = ~jnp.all(jnp.isfinite(x_new)) | (
+            jnp.max(jnp.linalg.norm(x_new, axis=-1)) >= blowup_radius
+        )
+        newly = bad & ~stopped
+        t_stop = jnp.where(newly, t + h, t_stop)
+        stopped = stopped | bad
+        ok_all = ok_all & (ok | stopped)
+        # Record the layer that blew up as it is; freeze the state after it and
+        # report later rows as +inf.
+        out = jnp.where(carry[1], jnp.inf, x_new)
+        x_next = jnp.where(stopped, x, x_new)
+        return (x_next, stopped, t_stop, ok_all), out
+
+    init = (x0, jnp.array(False), jnp.asarray(jnp.inf, dtype), jnp.array(True))
+    (_, stopped, t_stop, ok_all), xs = jax.lax.scan(layer, init, jnp.arange(L))
+    xs = jnp.concatenate([x0[None], xs], axis=0)
+    ts = jnp.arange(L + 1, dtype=dtype) * h
+    ts = jnp.where(ts > t_stop, jnp.inf, ts)
+    result = jnp.where(
+        stopped,
+        _status.BLOWUP,
+        jnp.where(ok_all, _status.SUCCESS, _status.SINKHORN_NOT_CONVERGED),
+    )
+    return Solution(
+        ts=ts,
+        x=xs,
+        blowup_time=t_stop,
+        result=result,
+        t_final=jnp.where(stopped, t_stop, jnp.asarray(t1, dtype)),
+        num_steps=jnp.asarray(L),
+        initial=measure,
+    )

@@ -1,0 +1,179 @@
+"""Measures on R^d: weighted particles, masked particles, Gaussians.
+
+All are `eqx.Module` pytrees, validated once at construction. Inside solvers
+swap leaves with `eqx.tree_at` instead of re-constructing (no re-validation).
+"""
+
+import abc
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
+
+from ._checks import as_float_array, check_finite, check_shape, check_values
+
+
+def _simplex_weights(weights, n: int, dtype) -> Float[Array, " n"]:
+    """Validated weights on the simplex (uniform 1/n when `weights` is None)."""
+    if weights is None:
+        return jnp.full((n,), 1.0 / n, dtype=dtype)
+    w = as_float_array(weights, "weights").astype(dtype)
+    check_shape(w, (n,), "weights", "(n,)")
+    w = check_finite(w, "weights")
+    # A length-n sum in this dtype is exact to about n ulps.
+    tol = max(n, 16) * jnp.finfo(dtype).eps
+    bad = jnp.any(w < 0) | (jnp.abs(jnp.sum(w) - 1) > tol)
+    (w,) = check_values(
+        (w,),
+        bad,
+        "`weights` must be nonnegative and sum to 1 (a point of the simplex).",
+    )
+    return w
+
+
+def _points(x, name: str = "x") -> Float[Array, "n d"]:
+    x = as_float_array(x, name)
+    if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
+        raise ValueError(
+            f"`{name}` must have shape (n, d) with n, d >= 1; got shape {x.shape}."
+        )
+    return check_finite(x, name)
+
+
+class AbstractMeasure(eqx.Module):
+    """A probability measure on R^d (or on [0, 1] x R^d for masked particles)."""
+
+    @property
+    @abc.abstractmethod
+    def dim(self) -> int:
+        """Dimension d of the token space."""
+
+
+class AbstractParticles(AbstractMeasure):
+    """Weighted empirical measure sum_i w_i delta_{x_i}."""
+
+    x: eqx.AbstractVar[Float[Array, "n d"]]
+    weights: eqx.AbstractVar[Float[Array, " n"]]
+
+    @property
+    def dim(self) -> int:
+        """Dimension d of the token space."""
+        return self.x.shape[-1]
+
+    @property
+    def n(self) -> int:
+        """Number of atoms n."""
+        return self.x.shape[-2]
+
+
+class Particles(AbstractParticles):
+    """Weighted empirical measure mu = sum_i w_i delta_{x_i} on R^d.
+
+    Args:
+        x: atom locations, shape (n, d).
+        weights: shape (n,), nonnegative and summing to 1; None means uniform 1/n.
+
+    Raises:
+        ValueError: wrong shapes, NaN/inf, or weights not on the simplex.
+    """
+
+    x: Float[Array, "n d"]
+    weights: Float[Array, " n"]
+
+    def __init__(self, x: ArrayLike, weights: ArrayLike | None = None):
+        x = _points(x)
+        self.x = x
+        self.weights = _simplex_weights(weights, x.shape[0], x.dtype)
+
+
+class MaskedParticles(AbstractParticles):
+    """Particles carrying a position s in [0, 1]: sum_i w_i delta_{(s_i, x_i)}.
+
+    Causal (masked) attention, Castin et al. (2025), Def. 2.6: token i attends to
+    token j iff s_j <= s_i. With s_i = i / n this is discrete causal attention. The
+    position coordinate never moves under the dynamics.
+
+    Args:
+        x: atom locations, shape (n, d).
+        positions: s, shape (n,), in [0, 1].
+        weights: shape (n,), on the simplex; None means uniform 1/n.
+
+    Raises:
+        ValueError: wrong shapes, NaN/inf, weights not on the simplex, or positions
+            outside [0, 1].
+    """
+
+    x: Float[Array, "n d"]
+    positions: Float[Array, " n"]
+    weights: Float[Array, " n"]
+
+    def __init__(
+        self, x: ArrayLike, positions: ArrayLike, weights: ArrayLike | None = None
+    ):
+        x = _points(x)
+        n = x.shape[0]
+        s = as_float_array(positions, "positions").astype(x.dtype)
+        check_shape(s, (n,), "positions", "(n,)")
+        s = check_finite(s, "positions")
+        (s,) = check_values(
+            (s,), jnp.any((s < 0) | (s > 1)), "`positions` must lie in [0, 1]."
+        )
+        self.x = x
+        self.positions = s
+        self.weights = _simplex_weights(weights, n, x.dtype)
+
+
+class Gaussian(AbstractMeasure):
+    """Gaussian measure N(mean, cov) on R^d.
+
+    Args:
+        mean: shape (d,).
+        cov: shape (d, d), symmetric positive definite.
+
+    Raises:
+        ValueError: wrong shapes, NaN/inf, or `cov` not symmetric positive definite.
+    """
+
+    mean: Float[Array, " d"]
+    cov: Float[Array, "d d"]
+
+    def __init__(self, mean: ArrayLike, cov: ArrayLike):
+        mean = as_float_array(mean, "mean")
+        if mean.ndim != 1 or mean.shape[0] == 0:
+            raise ValueError(f"`mean` must have shape (d,); got shape {mean.shape}.")
+        d = mean.shape[0]
+        cov = as_float_array(cov, "cov").astype(mean.dtype)
+        check_shape(cov, (d, d), "cov", "(d, d)")
+        mean, cov = check_finite(mean, "mean"), check_finite(cov, "cov")
+        scale = jnp.max(jnp.abs(cov))
+        # Symmetric up to rounding of a d-term product; then PD by the smallest eigenvalue.
+        asym = (
+            jnp.max(jnp.abs(cov - cov.T)) > 100 * d * jnp.finfo(cov.dtype).eps * scale
+        )
+        (cov,) = check_values((cov,), asym, "`cov` must be symmetric.")
+        sym = (cov + cov.T) / 2
+        not_pd = jnp.linalg.eigvalsh(sym)[0] <= 0
+        (cov,) = check_values((cov,), not_pd, "`cov` must be positive definite.")
+        self.mean = mean
+        self.cov = sym
+
+    @property
+    def dim(self) -> int:
+        """Dimension d."""
+        return self.mean.shape[0]
+
+    def sample(self, key: PRNGKeyArray, n: int) -> Particles:
+        """Draw n i.i.d. samples as uniform particles.
+
+        Args:
+            key: a JAX PRNG key.
+            n: number of samples.
+
+        Returns:
+            `Particles` with x of shape (n, d) and weights 1/n.
+        """
+        chol = jnp.linalg.cholesky(self.cov)
+        z = jr.normal(key, (n, self.dim), dtype=self.mean.dtype)
+        x = self.mean[None, :] + z @ chol.T
+        return Particles(x)
