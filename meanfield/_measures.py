@@ -14,22 +14,28 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 from ._checks import as_float_array, check_finite, check_shape, check_values
 
 
-def _simplex_weights(weights, n: int, dtype) -> Float[Array, " n"]:
-    """Validated weights on the simplex (uniform 1/n when `weights` is None)."""
+def _with_simplex_weights(x, weights) -> tuple[Float[Array, "n d"], Float[Array, " n"]]:
+    """(x, w) with w validated on the simplex (uniform 1/n when `weights` is None).
+
+    The check is threaded through x as well: under jit a check on `w` alone is
+    dead-code eliminated when only `x` is used downstream.
+    """
+    n, dtype = x.shape[0], x.dtype
     if weights is None:
-        return jnp.full((n,), 1.0 / n, dtype=dtype)
+        return x, jnp.full((n,), 1.0 / n, dtype=dtype)
     w = as_float_array(weights, "weights").astype(dtype)
     check_shape(w, (n,), "weights", "(n,)")
-    w = check_finite(w, "weights")
+    x, w = check_values(
+        (x, w), jnp.any(~jnp.isfinite(w)), "`weights` contains NaN or inf."
+    )
     # A length-n sum in this dtype is exact to about n ulps.
     tol = max(n, 16) * jnp.finfo(dtype).eps
     bad = jnp.any(w < 0) | (jnp.abs(jnp.sum(w) - 1) > tol)
-    (w,) = check_values(
-        (w,),
+    return check_values(
+        (x, w),
         bad,
         "`weights` must be nonnegative and sum to 1 (a point of the simplex).",
     )
-    return w
 
 
 def _points(x, name: str = "x") -> Float[Array, "n d"]:
@@ -82,9 +88,7 @@ class Particles(AbstractParticles):
     weights: Float[Array, " n"]
 
     def __init__(self, x: ArrayLike, weights: ArrayLike | None = None):
-        x = _points(x)
-        self.x = x
-        self.weights = _simplex_weights(weights, x.shape[0], x.dtype)
+        self.x, self.weights = _with_simplex_weights(_points(x), weights)
 
 
 class MaskedParticles(AbstractParticles):
@@ -115,13 +119,14 @@ class MaskedParticles(AbstractParticles):
         n = x.shape[0]
         s = as_float_array(positions, "positions").astype(x.dtype)
         check_shape(s, (n,), "positions", "(n,)")
-        s = check_finite(s, "positions")
-        (s,) = check_values(
-            (s,), jnp.any((s < 0) | (s > 1)), "`positions` must lie in [0, 1]."
+        x, s = check_values(
+            (x, s), jnp.any(~jnp.isfinite(s)), "`positions` contains NaN or inf."
         )
-        self.x = x
+        x, s = check_values(
+            (x, s), jnp.any((s < 0) | (s > 1)), "`positions` must lie in [0, 1]."
+        )
+        self.x, self.weights = _with_simplex_weights(x, weights)
         self.positions = s
-        self.weights = _simplex_weights(weights, n, x.dtype)
 
 
 class Gaussian(AbstractMeasure):
@@ -151,10 +156,12 @@ class Gaussian(AbstractMeasure):
         asym = (
             jnp.max(jnp.abs(cov - cov.T)) > 100 * d * jnp.finfo(cov.dtype).eps * scale
         )
-        (cov,) = check_values((cov,), asym, "`cov` must be symmetric.")
+        mean, cov = check_values((mean, cov), asym, "`cov` must be symmetric.")
         sym = (cov + cov.T) / 2
         not_pd = jnp.linalg.eigvalsh(sym)[0] <= 0
-        (cov,) = check_values((cov,), not_pd, "`cov` must be positive definite.")
+        mean, sym = check_values(
+            (mean, sym), not_pd, "`cov` must be positive definite."
+        )
         self.mean = mean
         self.cov = sym
 

@@ -164,7 +164,13 @@ class SinkhornAttention(AbstractAttention):
         if self.max_iter > 0:
             sol = optx.fixed_point(
                 _sinkhorn_step,
-                optx.FixedPointIteration(rtol=0.0, atol=tol, norm=optx.max_norm),
+                optx.FixedPointIteration(
+                    # optimistix keeps its error in the default float dtype; a
+                    # float32 state under x64 needs the tolerance there too.
+                    rtol=0.0,
+                    atol=jnp.asarray(tol, jnp.result_type(float)),
+                    norm=optx.max_norm,
+                ),
                 g,
                 args=(logits, log_w, w),
                 max_steps=self.max_iter,

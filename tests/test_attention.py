@@ -1,0 +1,403 @@
+import itertools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from helpers import (
+    KERNELS,
+    ill_posed_velocity_numpy,
+    l2_velocity_numpy,
+    sinkhorn_numpy,
+    sinkhorn_velocity_numpy,
+    softmax_velocity_numpy,
+)
+
+import meanfield as mf
+
+ILL_POSED = {
+    "unnormalized": mf.UnnormalizedAttention,
+    "linear": mf.LinearAttention,
+    "relu": mf.ReLUAttention,
+    "sigmoid": mf.SigmoidAttention,
+}
+
+
+def _data(key, n, d, k=None, scale=0.5):
+    kx, kw, ka, kv, kq, kk, ks = jr.split(key, 7)
+    k = d if k is None else k
+    x = np.asarray(jr.normal(kx, (n, d)))
+    w = np.asarray(jr.dirichlet(kw, jnp.ones(n)))
+    A = scale * np.asarray(jr.normal(ka, (d, d)))
+    V = np.asarray(jr.normal(kv, (d, d)))
+    Q = scale * np.asarray(jr.normal(kq, (k, d)))
+    K = scale * np.asarray(jr.normal(kk, (k, d)))
+    s = np.asarray(jr.uniform(ks, (n,)))
+    return x, w, A, V, Q, K, s
+
+
+# float64 with O(n d^2) flops on O(1) data: agreement ~1e-14; 1e-12 has margin.
+TOL = dict(rtol=1e-12, atol=1e-12)
+velocity = jax.jit(lambda att, mu: att.velocity(mu))
+
+
+@pytest.mark.parametrize("n, d", [(1, 2), (7, 3), (40, 4)])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_softmax_and_l2_match_naive_loop(key, n, d, weighted, masked):
+    x, w, A, V, Q, K, s = _data(key, n, d, k=2)
+    w = w if weighted else np.full(n, 1 / n)
+    mu = mf.MaskedParticles(x, s, w) if masked else mf.Particles(x, w)
+    mask = dict(query_pos=s, key_pos=s) if masked else {}
+    cases = [
+        (mf.SoftmaxAttention(V, A=A), softmax_velocity_numpy(x, x, w, V, A=A, **mask)),
+        (
+            mf.SoftmaxAttention(V, Q=Q, K=K),
+            softmax_velocity_numpy(x, x, w, V, Q=Q, K=K, **mask),
+        ),
+        (mf.L2Attention(V, Q=Q, K=K), l2_velocity_numpy(x, x, w, V, Q, K, **mask)),
+    ]
+    for attn, want in cases:
+        np.testing.assert_allclose(velocity(attn, mu), want, **TOL)
+
+
+@pytest.mark.parametrize("name", sorted(ILL_POSED))
+@pytest.mark.parametrize("weighted, masked", [(False, False), (True, False), (True, True)])
+def test_ill_posed_kernels_match_naive_loop(key, name, weighted, masked):
+    n, d = 9, 3
+    x, w, A, V, _, _, s = _data(key, n, d)
+    w = w if weighted else np.full(n, 1 / n)
+    mu = mf.MaskedParticles(x, s, w) if masked else mf.Particles(x, w)
+    mask = dict(query_pos=s, key_pos=s) if masked else {}
+    want = ill_posed_velocity_numpy(x, x, w, V, KERNELS[name], A, **mask)
+    np.testing.assert_allclose(velocity(ILL_POSED[name](V, A=A), mu), want, **TOL)
+
+
+@pytest.mark.parametrize("kernel", ["dot", "l2"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sinkhorn_matches_naive_loop(key, kernel, weighted):
+    n, d = 12, 3
+    x, w, A, V, Q, K, _ = _data(key, n, d)
+    w = w if weighted else np.full(n, 1 / n)
+    if kernel == "dot":
+        attn = mf.SinkhornAttention(V, A=A, tol=1e-13)
+        log_k = lambda a, b: float(np.dot(A @ a, b))
+    else:
+        attn = mf.SinkhornAttention(V, Q=Q, K=K, kernel="l2", tol=1e-13)
+        log_k = lambda a, b: -float(np.sum((Q @ a - K @ b) ** 2))
+    got = velocity(attn, mf.Particles(x, w))
+    want = sinkhorn_velocity_numpy(x, w, V, log_k)
+    # Both stop at |dg| < 1e-13; the velocity inherits that error times |V x| ~ 1.
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_sinkhorn_l2_equals_dot_with_2A(key):
+    x, w, _, V, Q, K, _ = _data(key, 10, 3)
+    mu = mf.Particles(x, w)
+    l2 = mf.SinkhornAttention(V, Q=Q, K=K, kernel="l2", tol=1e-13)
+    dot = mf.SinkhornAttention(V, A=2 * K.T @ Q, tol=1e-13)
+    np.testing.assert_allclose(velocity(l2, mu), velocity(dot, mu), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_sinkhorn_kernel_is_doubly_stochastic(key, weighted):
+    n, d = 30, 3
+    x, w, A, V, _, _, _ = _data(key, n, d, scale=1.0)
+    w = w if weighted else np.full(n, 1 / n)
+    tol = 1e-9
+    pot = mf.SinkhornAttention(V, A=A, tol=tol).potentials(mf.Particles(x, w))
+    assert bool(pot.converged)
+    k = np.exp(x @ A.T @ x.T + np.asarray(pot.f)[:, None] + np.asarray(pot.g)[None, :])
+    rows, cols = k @ w, w @ k
+    np.testing.assert_allclose(rows, 1, atol=1e-13)  # last step normalises rows
+    # Stopping at |dg| < tol leaves a column error e^{dg} - 1 ~ tol.
+    assert np.max(np.abs(cols - 1)) <= 2 * tol
+    assert float(pot.marginal_error) <= 2 * tol
+
+
+def test_sinkhorn_zero_iterations_is_softmax(key):
+    x, w, A, V, _, _, _ = _data(key, 15, 3)
+    mu = mf.Particles(x, w)
+    one_normalisation = mf.SinkhornAttention(V, A=A, max_iter=0)
+    np.testing.assert_allclose(
+        velocity(one_normalisation, mu), velocity(mf.SoftmaxAttention(V, A=A), mu), **TOL
+    )
+
+
+def test_sinkhorn_reports_non_convergence(key):
+    x, w, A, V, _, _, _ = _data(key, 20, 3, scale=2.0)
+    attn = mf.SinkhornAttention(V, A=A, max_iter=2, tol=1e-14)
+    vel, ok = attn.velocity_and_status(mf.Particles(x, w))
+    assert not bool(ok)
+    assert np.all(np.isfinite(vel))
+    pot = attn.potentials(mf.Particles(x, w))
+    assert int(pot.iterations) == 2 and float(pot.marginal_error) > 1e-14
+
+
+def test_sinkhorn_numpy_reference_is_doubly_stochastic(key):
+    # The reference itself must satisfy what it is used to check.
+    x, w, A, _, _, _, _ = _data(key, 8, 2)
+    f, g, logits = sinkhorn_numpy(x, w, lambda a, b: float(np.dot(A @ a, b)))
+    k = np.exp(logits + f[:, None] + g[None, :])
+    np.testing.assert_allclose(k @ w, 1, atol=1e-12)
+    np.testing.assert_allclose(w @ k, 1, atol=1e-12)
+
+
+def _all_attentions(d, A, V, Q, K):
+    return [
+        mf.SoftmaxAttention(V, A=A),
+        mf.SoftmaxAttention(V, Q=Q, K=K),
+        mf.L2Attention(V, Q=Q, K=K),
+        mf.SinkhornAttention(V, A=A),
+        mf.SinkhornAttention(V, Q=Q, K=K, kernel="l2"),
+        mf.MultiHeadAttention([mf.SoftmaxAttention(V, A=A), mf.L2Attention(V, Q=Q, K=K)]),
+    ] + [cls(V, A=A) for cls in ILL_POSED.values()]
+
+
+def test_permutation_equivariance_unmasked(key):
+    n, d = 11, 3
+    x, w, A, V, Q, K, _ = _data(key, n, d)
+    perm = np.asarray(jr.permutation(jr.key(1), n))
+    for attn in _all_attentions(d, A, V, Q, K):
+        v = velocity(attn, mf.Particles(x, w))
+        v_perm = velocity(attn, mf.Particles(x[perm], w[perm]))
+        np.testing.assert_allclose(v_perm, v[perm], rtol=1e-9, atol=1e-9)
+
+
+def test_masked_equivariance_joint_not_in_x_alone(key):
+    n, d = 11, 3
+    x, w, A, V, _, _, s = _data(key, n, d)
+    perm = np.asarray(jr.permutation(jr.key(1), n))
+    attn = mf.SoftmaxAttention(V, A=A)
+    v = velocity(attn, mf.MaskedParticles(x, s, w))
+    joint = velocity(attn, mf.MaskedParticles(x[perm], s[perm], w[perm]))
+    np.testing.assert_allclose(joint, v[perm], **TOL)
+    x_only = velocity(attn, mf.MaskedParticles(x[perm], s, w[perm]))
+    assert np.max(np.abs(x_only - v[perm])) > 1e-3
+
+
+def test_positions_i_over_n_give_discrete_causal_attention(key):
+    # f^m(X)_i = f(x_1, ..., x_i)_i: attention over the first i tokens only.
+    n, d = 9, 3
+    x, _, A, V, _, _, _ = _data(key, n, d)
+    s = np.arange(1, n + 1) / n
+    attn = mf.SoftmaxAttention(V, A=A)
+    got = velocity(attn, mf.MaskedParticles(x, s))
+    for i in range(n):
+        prefix = velocity(attn, mf.Particles(x[: i + 1]))[i]
+        np.testing.assert_allclose(got[i], prefix, **TOL)
+
+
+def test_masked_position_coordinate_has_no_velocity(key):
+    x, w, A, V, _, _, s = _data(key, 8, 2)
+    mu = mf.MaskedParticles(x, s, w)
+    sol = mf.simulate(mu, mf.SoftmaxAttention(V, A=A), 0.5)
+    np.testing.assert_array_equal(sol.measure(-1).positions, s)
+    np.testing.assert_array_equal(sol.measure(-1).weights, w)
+
+
+def test_splitting_a_dirac_leaves_the_field_unchanged(key):
+    n, d = 8, 3
+    x, w, A, V, Q, K, s = _data(key, n, d)
+    x_split = np.concatenate([x, x[:1]])
+    w_split = np.concatenate([w, w[:1] / 2])
+    w_split[0] /= 2
+    s_split = np.concatenate([s, s[:1]])
+    z = np.asarray(jr.normal(jr.key(3), (5, d)))
+    zs = np.asarray(jr.uniform(jr.key(4), (5,)))
+    for attn in _all_attentions(d, A, V, Q, K):
+        a = attn.velocity_at(mf.Particles(x, w), z)
+        b = attn.velocity_at(mf.Particles(x_split, w_split), z)
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+        if not isinstance(attn, mf.SinkhornAttention | mf.MultiHeadAttention):
+            a = attn.velocity_at(mf.MaskedParticles(x, s, w), z, positions=zs)
+            b = attn.velocity_at(
+                mf.MaskedParticles(x_split, s_split, w_split), z, positions=zs
+            )
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-9)
+
+
+def test_zero_weight_atoms_are_ignored(key):
+    x, w, A, V, _, _, _ = _data(key, 6, 2)
+    w0 = np.concatenate([w, [0.0]])
+    x0 = np.concatenate([x, 100 * np.ones((1, 2))])
+    attn = mf.SoftmaxAttention(V, A=A)
+    np.testing.assert_allclose(
+        attn.velocity_at(mf.Particles(x0, w0), x), velocity(attn, mf.Particles(x, w)), **TOL
+    )
+
+
+def test_velocity_at_own_points_equals_velocity(key):
+    x, w, A, V, Q, K, _ = _data(key, 10, 3)
+    for attn in _all_attentions(3, A, V, Q, K):
+        mu = mf.Particles(x, w)
+        np.testing.assert_allclose(attn.velocity_at(mu, x), velocity(attn, mu), **TOL)
+
+
+def test_multihead_with_one_head_equals_the_head(key):
+    x, w, A, V, Q, K, s = _data(key, 10, 3)
+    for head in [mf.SoftmaxAttention(V, A=A), mf.L2Attention(V, Q=Q, K=K)]:
+        for mu in [mf.Particles(x, w), mf.MaskedParticles(x, s, w)]:
+            np.testing.assert_allclose(
+                velocity(mf.MultiHeadAttention([head]), mu), velocity(head, mu), **TOL
+            )
+
+
+def test_multihead_applies_output_matrices(key):
+    x, w, A, V, Q, K, _ = _data(key, 10, 3)
+    W1, W2 = np.asarray(jr.normal(jr.key(5), (2, 3, 3)))
+    h1, h2 = mf.SoftmaxAttention(V, A=A), mf.L2Attention(V, Q=Q, K=K)
+    mu = mf.Particles(x, w)
+    got = velocity(mf.MultiHeadAttention([h1, h2], out=[W1, W2]), mu)
+    want = velocity(h1, mu) @ W1.T + velocity(h2, mu) @ W2.T
+    np.testing.assert_allclose(got, want, **TOL)
+
+
+def test_float32_stays_finite_for_logits_of_1e4():
+    # <A x_i, x_j> up to 1e4 in magnitude: exp would overflow without max-shifting.
+    x = np.array([[100.0, 0.0], [-100.0, 0.0], [0.0, 100.0]], np.float32)
+    V = np.eye(2, dtype=np.float32)
+    for A in [np.eye(2, dtype=np.float32), -np.eye(2, dtype=np.float32)]:
+        mu = mf.Particles(x)
+        for attn in [
+            mf.SoftmaxAttention(V, A=A),
+            mf.L2Attention(V, Q=np.eye(2, dtype=np.float32), K=A),
+            mf.SinkhornAttention(V, A=A),
+            mf.MultiHeadAttention([mf.SoftmaxAttention(V, A=A)]),
+        ]:
+            v = velocity(attn, mu)
+            assert v.dtype == jnp.float32
+            assert np.all(np.isfinite(np.asarray(v))), type(attn).__name__
+        # The hardmax limit: each token moves towards its best match.
+        np.testing.assert_allclose(velocity(mf.SoftmaxAttention(V, A=np.eye(2, dtype=np.float32)), mu), x)
+
+
+def test_unnormalized_exp_overflows_only_when_the_value_does():
+    # sum_j w_j e^{s_j} v_j with s ~ 600: representable in float64 (e^600 ~ 1e260).
+    x = np.array([[np.sqrt(600.0), 0.0], [np.sqrt(600.0), 0.0]])
+    v = velocity(mf.UnnormalizedAttention(np.eye(2), A=np.eye(2)), mf.Particles(x))
+    np.testing.assert_allclose(v[:, 0], np.exp(600.0) * np.sqrt(600.0), rtol=1e-12)
+
+
+def test_masked_query_before_every_key_has_zero_velocity(key):
+    x, w, A, V, _, _, _ = _data(key, 5, 2)
+    mu = mf.MaskedParticles(x, np.full(5, 0.5), w)
+    v = mf.SoftmaxAttention(V, A=A).velocity_at(mu, x[:2], positions=np.array([0.1, 0.5]))
+    np.testing.assert_array_equal(v[0], 0)
+    assert np.all(np.abs(v[1]) > 0)
+
+
+def test_piecewise_constant_parameters(key):
+    x, w, A, V, _, _, _ = _data(key, 6, 2)
+    Vs = np.stack([V, 2 * V, 3 * V])
+    attn = mf.SoftmaxAttention(mf.PiecewiseConstant(Vs, t1=3.0), A=A)
+    mu = mf.Particles(x, w)
+    base = velocity(mf.SoftmaxAttention(V, A=A), mu)
+    vel_t = jax.jit(lambda att, mu, t: att.velocity(mu, t=t))
+    for t, factor in [(0.0, 1), (0.99, 1), (1.0, 2), (2.5, 3), (7.0, 3), (-1.0, 1)]:
+        np.testing.assert_allclose(vel_t(attn, mu, t), factor * base, **TOL)
+
+
+def test_callable_parameters(key):
+    x, w, A, V, _, _, _ = _data(key, 6, 2)
+    attn = mf.SoftmaxAttention(lambda t: (1 + t) * V, A=A)
+    mu = mf.Particles(x, w)
+    base = velocity(mf.SoftmaxAttention(V, A=A), mu)
+    got = eqx.filter_jit(lambda att, mu: att.velocity(mu, t=2.0))(attn, mu)
+    np.testing.assert_allclose(got, 3 * base, **TOL)
+
+
+def test_vmap_over_parameter_sets(key):
+    x, w, _, _, _, _, _ = _data(key, 7, 2)
+    As = np.asarray(jr.normal(jr.key(7), (4, 2, 2)))
+    Vs = np.asarray(jr.normal(jr.key(8), (4, 2, 2)))
+    mu = mf.Particles(x, w)
+    batched = jax.vmap(lambda A, V: mf.SoftmaxAttention(V, A=A).velocity(mu))(As, Vs)
+    for b in range(4):
+        want = softmax_velocity_numpy(x, x, w, Vs[b], A=As[b])
+        np.testing.assert_allclose(batched[b], want, **TOL)
+
+
+def test_grad_matches_finite_differences(key):
+    x, w, A, V, Q, K, _ = _data(key, 6, 2)
+    mu = mf.Particles(x, w)
+    direction = np.asarray(jr.normal(jr.key(9), A.shape))
+    for make in [
+        lambda M: mf.SoftmaxAttention(V, A=M),
+        lambda M: mf.SinkhornAttention(V, A=M, tol=1e-13),
+        lambda M: mf.L2Attention(V, Q=M, K=K),
+        lambda M: mf.UnnormalizedAttention(V, A=M),
+    ]:
+        loss = lambda M: jnp.sum(jnp.sin(make(M).velocity(mu)))
+        g = jax.grad(loss)(jnp.asarray(A))
+        eps = 1e-6
+        fd = (loss(A + eps * direction) - loss(A - eps * direction)) / (2 * eps)
+        # Central differences: O(eps^2) truncation + O(1e-16 / eps) rounding ~ 1e-10.
+        np.testing.assert_allclose(np.sum(g * direction), fd, rtol=1e-6, atol=1e-8)
+
+
+def test_grad_with_respect_to_positions(key):
+    x, w, A, V, _, _, _ = _data(key, 6, 2)
+    attn = mf.SinkhornAttention(V, A=A, tol=1e-13)
+    loss = lambda x: jnp.sum(attn.velocity(mf.Particles(x, w)) ** 2)
+    g = jax.grad(loss)(jnp.asarray(x))
+    direction = np.asarray(jr.normal(jr.key(2), x.shape))
+    eps = 1e-6
+    fd = (loss(x + eps * direction) - loss(x - eps * direction)) / (2 * eps)
+    np.testing.assert_allclose(np.sum(g * direction), fd, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: mf.SoftmaxAttention(np.eye(2)), r"either `A` .* or both `Q` and `K`"),
+        (
+            lambda: mf.SoftmaxAttention(np.eye(2), A=np.eye(2), Q=np.eye(2), K=np.eye(2)),
+            r"not both",
+        ),
+        (lambda: mf.SoftmaxAttention(np.eye(2), A=np.eye(3)), r"`A` must have shape"),
+        (lambda: mf.SoftmaxAttention(np.ones((2, 3)), A=np.eye(2)), r"`V` must have shape"),
+        (
+            lambda: mf.L2Attention(np.eye(2), Q=np.ones((1, 2)), K=np.ones((2, 2))),
+            r"`Q` and `K` must both have shape",
+        ),
+        (
+            lambda: mf.SinkhornAttention(np.eye(2), A=np.eye(2), kernel="cosine"),
+            r"`kernel` must be one of",
+        ),
+        (
+            lambda: mf.SinkhornAttention(np.eye(2), A=np.eye(2), kernel="l2"),
+            r'kernel="l2" needs `Q` and `K`',
+        ),
+        (lambda: mf.SinkhornAttention(np.eye(2), A=np.eye(2), max_iter=-1), r"max_iter"),
+        (lambda: mf.MultiHeadAttention([]), r"at least one"),
+        (
+            lambda: mf.MultiHeadAttention([mf.SoftmaxAttention(np.eye(2), A=np.eye(2))], out=[]),
+            r"one matrix per head",
+        ),
+        (lambda: mf.SoftmaxAttention(np.eye(2), A=np.full((2, 2), np.nan)), r"`A` contains NaN"),
+    ],
+)
+def test_bad_attention_arguments(build, match):
+    with pytest.raises(ValueError, match=match):
+        build()
+
+
+def test_bad_velocity_calls():
+    attn = mf.SoftmaxAttention(np.eye(2), A=np.eye(2))
+    mu = mf.Particles(np.zeros((3, 2)))
+    masked = mf.MaskedParticles(np.zeros((3, 2)), np.zeros(3))
+    with pytest.raises(ValueError, match=r"`z` must have shape \(m, d\) with d = 2"):
+        attn.velocity_at(mu, np.zeros((4, 3)))
+    with pytest.raises(ValueError, match=r"`positions` \(m,\) of the query points is required"):
+        attn.velocity_at(masked, np.zeros((4, 2)))
+    with pytest.raises(ValueError, match=r"only meaningful for MaskedParticles"):
+        attn.velocity_at(mu, np.zeros((4, 2)), positions=np.zeros(4))
+    with pytest.raises(ValueError, match=r"`A` must have shape \(2, 2\) for tokens"):
+        mf.SoftmaxAttention(np.eye(3), A=np.eye(3)).velocity(mu)
+    with pytest.raises(ValueError, match=r"mf.gaussian.velocity"):
+        attn.velocity(mf.Gaussian(np.zeros(2), np.eye(2)))
+    with pytest.raises(ValueError, match=r"does not support MaskedParticles"):
+        mf.SinkhornAttention(np.eye(2), A=np.eye(2)).velocity(masked)

@@ -1,0 +1,230 @@
+import diffrax as dfx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import meanfield as mf
+
+
+def _tokens(key, n=16, d=3, scale=1.0):
+    return scale * np.asarray(jr.normal(key, (n, d)))
+
+
+def _identity_softmax(d):
+    return mf.SoftmaxAttention(np.eye(d), A=np.eye(d))
+
+
+def test_simulate_saves_requested_times(key):
+    x = _tokens(key)
+    ts = np.linspace(0, 1, 5)
+    sol = mf.simulate(mf.Particles(x), _identity_softmax(3), 1.0, saveat=ts)
+    assert sol.status == "success"
+    np.testing.assert_allclose(sol.ts, ts)
+    assert sol.x.shape == (5, 16, 3)
+    np.testing.assert_array_equal(sol.x[0], x)
+    assert np.isinf(float(sol.blowup_time))
+
+
+def test_simulate_matches_tight_reference_for_each_solver(key):
+    x = _tokens(key, n=8, d=2)
+    attn = mf.SoftmaxAttention(np.array([[1.0, 0.5], [0.0, 1.0]]), A=np.eye(2))
+    ref = mf.simulate(mf.Particles(x), attn, 1.0, rtol=1e-12, atol=1e-12).x[-1]
+    for solver, kwargs, tol in [
+        ("tsit5", {}, 1e-5),
+        ("dopri5", {}, 1e-5),
+        ("dopri8", {}, 1e-5),
+        ("heun", {"dt0": 1e-3}, 1e-4),  # second order: O(dt^2) ~ 1e-6 x constants
+        ("euler", {"dt0": 1e-3}, 1e-2),  # first order: O(dt) ~ 1e-3 x constants
+    ]:
+        sol = mf.simulate(mf.Particles(x), attn, 1.0, solver=solver, **kwargs)
+        assert sol.status == "success", solver
+        err = np.max(np.abs(sol.x[-1] - ref)) / np.max(np.abs(ref))
+        assert err < tol, (solver, err)
+
+
+def test_layers_converge_to_simulate_at_first_order(key):
+    x = _tokens(key, n=10, d=2)
+    attn = mf.SoftmaxAttention(np.array([[0.5, 1.0], [-1.0, 0.5]]), A=np.eye(2))
+    ref = mf.simulate(mf.Particles(x), attn, 1.0, rtol=1e-12, atol=1e-12).x[-1]
+    Ls = np.array([8, 16, 32, 64, 128])
+    errs = [np.max(np.abs(mf.layers(mf.Particles(x), attn, int(L)).x[-1] - ref)) for L in Ls]
+    slope = np.polyfit(np.log(Ls), np.log(errs), 1)[0]
+    # Explicit Euler: error = C h + O(h^2), so the fitted slope is -1 up to O(h).
+    assert abs(slope + 1) < 0.1, (slope, errs)
+
+
+def test_layers_returns_L_plus_one_states(key):
+    x = _tokens(key)
+    sol = mf.layers(mf.Particles(x), _identity_softmax(3), 5, t1=2.0)
+    assert sol.x.shape == (6, 16, 3) and sol.status == "success"
+    np.testing.assert_allclose(sol.ts, np.arange(6) * 0.4)
+
+
+def test_layers_use_one_parameter_per_layer(key):
+    x = _tokens(key, n=6, d=2)
+    V = np.stack([np.eye(2), -np.eye(2), 2 * np.eye(2)])
+    attn = mf.SoftmaxAttention(mf.PiecewiseConstant(V, t1=3.0), A=np.eye(2))
+    sol = mf.layers(mf.Particles(x), attn, 3, t1=3.0)
+    state = x
+    for layer in range(3):
+        vel = mf.SoftmaxAttention(V[layer], A=np.eye(2)).velocity(mf.Particles(state))
+        state = state + 1.0 * np.asarray(vel)
+        np.testing.assert_allclose(sol.x[layer + 1], state, rtol=1e-12, atol=1e-12)
+
+
+def test_sphere_normalisation_keeps_unit_norm(key):
+    x = _tokens(key, n=32, d=3)
+    x = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    ts = np.linspace(0, 10, 21)
+    sol = mf.simulate(mf.Particles(x), _identity_softmax(3), 10.0, saveat=ts, normalization="sphere")
+    assert sol.status == "success"
+    assert np.max(np.abs(np.linalg.norm(sol.x, axis=-1) - 1)) < 1e-6
+    # The projected dynamics are right, not just normalised: compare with a tight solve.
+    ref = mf.simulate(
+        mf.Particles(x), _identity_softmax(3), 10.0, saveat=ts, normalization="sphere",
+        rtol=1e-11, atol=1e-11,
+    )
+    assert np.max(np.abs(sol.x - ref.x)) < 1e-4
+    # Geshkovski et al.: with Q = K = V = I tokens on the sphere cluster.
+    final = np.asarray(sol.x[-1])
+    assert np.max(np.linalg.norm(final[:, None] - final[None], axis=-1)) < 0.1
+
+
+def test_sphere_layers_keep_unit_norm(key):
+    x = _tokens(key, n=16, d=3)
+    sol = mf.layers(mf.Particles(x), _identity_softmax(3), 50, t1=5.0, normalization="sphere")
+    np.testing.assert_allclose(np.linalg.norm(sol.x, axis=-1), 1, atol=1e-12)
+
+
+def test_unnormalized_attention_blows_up_and_reports_it(key):
+    x = _tokens(key, n=16, d=3, scale=0.1)
+    ts = np.linspace(0, 5, 6)
+    attn = mf.UnnormalizedAttention(np.eye(3), A=np.eye(3))
+    sol = mf.simulate(mf.Particles(x), attn, 5.0, saveat=ts)
+    assert sol.status == "blowup"
+    t_star = float(sol.blowup_time)
+    assert 0 < t_star < 5
+    reached = np.asarray(sol.reached)
+    assert np.all(np.isfinite(np.asarray(sol.x)[reached]))
+    assert not np.any(np.isnan(np.asarray(sol.x)))
+    np.testing.assert_array_equal(np.asarray(sol.ts)[~reached], np.inf)
+    # The same blow-up in float32 is reported at the same time (to float32 accuracy).
+    sol32 = mf.simulate(
+        mf.Particles(x.astype(np.float32)),
+        mf.UnnormalizedAttention(np.eye(3, dtype=np.float32), A=np.eye(3, dtype=np.float32)),
+        5.0,
+    )
+    assert sol32.status == "blowup"
+    assert abs(float(sol32.blowup_time) - t_star) < 1e-4 * t_star
+
+
+def test_blowup_radius_crossing_is_located(key):
+    # x' = x for V = I: |x(t)| = |x0| e^t exactly, so radius R is hit at log(R/|x0|).
+    x = np.array([[1.0, 0.0]])
+    sol = mf.simulate(mf.Particles(x), _identity_softmax(2), 10.0, blowup_radius=100.0, rtol=1e-10, atol=1e-10)
+    assert sol.status == "blowup"
+    np.testing.assert_allclose(float(sol.blowup_time), np.log(100.0), rtol=1e-6)
+
+
+def test_softmax_with_bounded_V_does_not_blow_up(key):
+    x = _tokens(key, n=16, d=3)
+    sol = mf.simulate(mf.Particles(x), _identity_softmax(3), 10.0)
+    assert sol.status == "success"
+    # Well-posedness: the support radius grows at most like e^{t |V|}.
+    r0 = np.max(np.linalg.norm(x, axis=-1))
+    assert np.max(np.linalg.norm(sol.x[-1], axis=-1)) <= r0 * np.exp(10.0) * (1 + 1e-6)
+
+
+def test_max_steps_is_a_status_not_an_exception(key):
+    x = _tokens(key)
+    sol = mf.simulate(mf.Particles(x), _identity_softmax(3), 10.0, max_steps=3)
+    assert sol.status == "max_steps"
+
+
+def test_sinkhorn_non_convergence_is_reported_by_simulate(key):
+    x = _tokens(key, n=12, d=2)
+    attn = mf.SinkhornAttention(np.eye(2), A=3 * np.eye(2), max_iter=2, tol=1e-14)
+    sol = mf.simulate(mf.Particles(x), attn, 0.5)
+    assert sol.status == "sinkhorn_not_converged"
+    sol = mf.layers(mf.Particles(x), attn, 4, t1=0.5)
+    assert sol.status == "sinkhorn_not_converged"
+
+
+def test_simulate_under_jit_and_vmap(key):
+    x = _tokens(key, n=8, d=2)
+    run = jax.jit(lambda mu, attn: mf.simulate(mu, attn, 1.0).x[-1])
+    attn = _identity_softmax(2)
+    direct = mf.simulate(mf.Particles(x), attn, 1.0).x[-1]
+    np.testing.assert_allclose(run(mf.Particles(x), attn), direct, rtol=1e-12)
+    scales = jnp.array([0.5, 1.0, 2.0])
+    batched = jax.vmap(
+        lambda c: mf.simulate(mf.Particles(x), mf.SoftmaxAttention(c * jnp.eye(2), A=jnp.eye(2)), 1.0).x[-1]
+    )(scales)
+    for i, c in enumerate(scales):
+        single = mf.simulate(
+            mf.Particles(x), mf.SoftmaxAttention(c * jnp.eye(2), A=jnp.eye(2)), 1.0
+        ).x[-1]
+        # Batched adaptive steps share one step-size sequence: agree to tolerance.
+        np.testing.assert_allclose(batched[i], single, rtol=1e-5, atol=1e-5)
+
+
+def test_grad_of_simulate_matches_finite_differences(key):
+    x = _tokens(key, n=6, d=2)
+    A = np.array([[1.0, 0.3], [0.2, 0.8]])
+    direction = np.array([[0.3, -1.0], [0.5, 0.2]])
+
+    def loss(V):
+        sol = mf.simulate(mf.Particles(x), mf.SoftmaxAttention(V, A=A), 1.0, rtol=1e-10, atol=1e-10)
+        return jnp.sum(sol.x[-1] ** 2)
+
+    V0 = jnp.eye(2)
+    g = jax.grad(loss)(V0)
+    eps = 1e-5
+    fd = (loss(V0 + eps * direction) - loss(V0 - eps * direction)) / (2 * eps)
+    # Discretise-then-optimise gradient vs central differences of a 1e-10 solve.
+    np.testing.assert_allclose(np.sum(g * direction), fd, rtol=1e-5)
+
+
+def test_forward_mode_through_simulate(key):
+    x = _tokens(key, n=6, d=2)
+    f = lambda c: mf.simulate(
+        mf.Particles(x), mf.SoftmaxAttention(c * jnp.eye(2), A=jnp.eye(2)), 1.0,
+        adjoint=dfx.ForwardMode(),
+    ).x[-1]
+    _, tangent = jax.jvp(f, (1.0,), (1.0,))
+    assert np.all(np.isfinite(np.asarray(tangent)))
+
+
+def test_progress_bar_runs(key, capsys):
+    x = _tokens(key, n=4, d=2)
+    sol = mf.simulate(mf.Particles(x), _identity_softmax(2), 1.0, progress=True)
+    assert sol.status == "success"
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(solver="rk4"), r"`solver` must be one of"),
+        (dict(solver="euler"), r"pass `dt0`"),
+        (dict(normalization="layer"), r"`normalization` must be one of"),
+        (dict(t0=2.0), r"`t1` must be greater than `t0`"),
+        (dict(saveat=np.array([0.0, 2.0])), r"`saveat` must be non-decreasing times within"),
+        (dict(blowup_radius=-1.0), r"`blowup_radius` must be positive"),
+        (dict(dt0=-0.1), r"`dt0` must be positive"),
+    ],
+)
+def test_simulate_rejects_bad_arguments(kwargs, match):
+    mu = mf.Particles(np.zeros((2, 2)))
+    with pytest.raises(ValueError, match=match):
+        mf.simulate(mu, _identity_softmax(2), 1.0, **kwargs)
+
+
+def test_simulate_rejects_gaussians_and_non_attention():
+    with pytest.raises(ValueError, match=r"mf.gaussian.simulate"):
+        mf.simulate(mf.Gaussian(np.zeros(2), np.eye(2)), _identity_softmax(2), 1.0)
+    with pytest.raises(ValueError, match=r"`attn` must be an attention module"):
+        mf.simulate(mf.Particles(np.zeros((2, 2))), np.eye(2), 1.0)
+    with pytest.raises(ValueError, match=r"`L` must be an integer >= 1"):
+        mf.layers(mf.Particles(np.zeros((2, 2))), _identity_softmax(2), 0)
