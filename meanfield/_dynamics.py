@@ -1,5 +1,7 @@
-"""Particle dynamics of the Transformer PDE: x_i' = Gamma_mu(x_i) (diffrax), and the
-discrete residual Transformer x <- x + h Gamma_mu(x) (its explicit Euler scheme).
+"""Particle dynamics of the Transformer PDE and the discrete residual Transformer.
+
+x_i' = Gamma_mu(x_i) is integrated with diffrax; x <- x + h Gamma_mu(x) is its
+explicit Euler scheme.
 """
 
 import math
@@ -149,7 +151,11 @@ def _final_result(dfx_result, event_mask, flags):
     )
     code = jnp.where(dfx_result == dfx.RESULTS.successful, _status.SUCCESS, code)
     code = jnp.where(flags[1] != 0, _status.SINKHORN_NOT_CONVERGED, code)
-    ended_by_event = (dfx_result == dfx.RESULTS.event_occurred) | hit_event
+    ended_by_event = (
+        (dfx_result == dfx.RESULTS.event_occurred)
+        | (dfx_result == dfx.RESULTS.dt_min_reached)
+        | hit_event
+    )
     return jnp.where(ended_by_event, _status.BLOWUP, code), ended_by_event
 
 
@@ -196,8 +202,9 @@ def simulate(
         blowup_radius: stop with status "blowup" when max_i |x_i| reaches it (located
             by root finding on log max_i |x_i| - log R). A blow-up is also reported
             when the velocity overflows the dtype or the e-folding time
-            max|x| / max|x'| drops below max(1e-10 (t1 - t0), 1000 ulps of t), where no
-            solver can make progress (the blow-up time is then that close).
+            max|x| / max|x'| drops below max(1e-10 (t1 - t0), 1000 ulps of t), or
+            an adaptive step falls below 100 ulps of max(|t0|, |t1|, 1): no solver can
+            make progress there, and the blow-up time is then that close.
         progress: show a tqdm progress bar.
         adjoint: a diffrax adjoint for differentiation (default: recursive
             checkpointing, reverse mode). Use `diffrax.ForwardMode()` for jax.jvp.
@@ -235,7 +242,8 @@ def simulate(
         ts = jnp.asarray(saveat, dtype)
         if ts.ndim != 1 or ts.shape[0] == 0:
             raise ValueError(
-                f"`saveat` must be a non-empty 1-D array of times; got shape {ts.shape}."
+                "`saveat` must be a non-empty 1-D array of times; "
+                f"got shape {ts.shape}."
             )
         if not is_traced(ts) and not (
             bool(jnp.all(jnp.diff(ts) >= 0)) and ts[0] >= t0 and ts[-1] <= t1
@@ -251,8 +259,16 @@ def simulate(
         controller = dfx.ConstantStepSize()
     else:
         # The flags are indicators, not dynamics: keep them out of the error norm.
+        # A step below 100 ulps of t cannot resolve the solution: near a blow-up
+        # whose velocity changes faster than |x| does (super-exponential growth),
+        # the e-folding rule may not fire first. Stop there and report a blow-up.
+        dtmin = 100 * float(jnp.finfo(dtype).eps) * max(abs(t0), abs(t1), 1.0)
         controller = dfx.PIDController(
-            rtol=rtol, atol=atol, norm=lambda y: optx.rms_norm(y[0])
+            rtol=rtol,
+            atol=atol,
+            norm=lambda y: optx.rms_norm(y[0]),
+            dtmin=dtmin,
+            force_dtmin=False,
         )
     log_radius = math.log(blowup_radius)
     tiny = jnp.finfo(dtype).tiny

@@ -152,7 +152,7 @@ class Gaussian(AbstractMeasure):
         check_shape(cov, (d, d), "cov", "(d, d)")
         mean, cov = check_finite(mean, "mean"), check_finite(cov, "cov")
         scale = jnp.max(jnp.abs(cov))
-        # Symmetric up to rounding of a d-term product; then PD by the smallest eigenvalue.
+        # Symmetric up to rounding of a d-term product; PD by the smallest eigenvalue.
         asym = (
             jnp.max(jnp.abs(cov - cov.T)) > 100 * d * jnp.finfo(cov.dtype).eps * scale
         )

@@ -1,5 +1,3 @@
-import itertools
-
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -64,7 +62,9 @@ def test_softmax_and_l2_match_naive_loop(key, n, d, weighted, masked):
 
 
 @pytest.mark.parametrize("name", sorted(ILL_POSED))
-@pytest.mark.parametrize("weighted, masked", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize(
+    "weighted, masked", [(False, False), (True, False), (True, True)]
+)
 def test_ill_posed_kernels_match_naive_loop(key, name, weighted, masked):
     n, d = 9, 3
     x, w, A, V, _, _, s = _data(key, n, d)
@@ -98,7 +98,9 @@ def test_sinkhorn_l2_equals_dot_with_2A(key):
     mu = mf.Particles(x, w)
     l2 = mf.SinkhornAttention(V, Q=Q, K=K, kernel="l2", tol=1e-13)
     dot = mf.SinkhornAttention(V, A=2 * K.T @ Q, tol=1e-13)
-    np.testing.assert_allclose(velocity(l2, mu), velocity(dot, mu), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        velocity(l2, mu), velocity(dot, mu), rtol=1e-10, atol=1e-10
+    )
 
 
 @pytest.mark.parametrize("weighted", [False, True])
@@ -122,7 +124,9 @@ def test_sinkhorn_zero_iterations_is_softmax(key):
     mu = mf.Particles(x, w)
     one_normalisation = mf.SinkhornAttention(V, A=A, max_iter=0)
     np.testing.assert_allclose(
-        velocity(one_normalisation, mu), velocity(mf.SoftmaxAttention(V, A=A), mu), **TOL
+        velocity(one_normalisation, mu),
+        velocity(mf.SoftmaxAttention(V, A=A), mu),
+        **TOL,
     )
 
 
@@ -152,7 +156,9 @@ def _all_attentions(d, A, V, Q, K):
         mf.L2Attention(V, Q=Q, K=K),
         mf.SinkhornAttention(V, A=A),
         mf.SinkhornAttention(V, Q=Q, K=K, kernel="l2"),
-        mf.MultiHeadAttention([mf.SoftmaxAttention(V, A=A), mf.L2Attention(V, Q=Q, K=K)]),
+        mf.MultiHeadAttention(
+            [mf.SoftmaxAttention(V, A=A), mf.L2Attention(V, Q=Q, K=K)]
+        ),
     ] + [cls(V, A=A) for cls in ILL_POSED.values()]
 
 
@@ -225,7 +231,9 @@ def test_zero_weight_atoms_are_ignored(key):
     x0 = np.concatenate([x, 100 * np.ones((1, 2))])
     attn = mf.SoftmaxAttention(V, A=A)
     np.testing.assert_allclose(
-        attn.velocity_at(mf.Particles(x0, w0), x), velocity(attn, mf.Particles(x, w)), **TOL
+        attn.velocity_at(mf.Particles(x0, w0), x),
+        velocity(attn, mf.Particles(x, w)),
+        **TOL,
     )
 
 
@@ -271,7 +279,9 @@ def test_float32_stays_finite_for_logits_of_1e4():
             assert v.dtype == jnp.float32
             assert np.all(np.isfinite(np.asarray(v))), type(attn).__name__
         # The hardmax limit: each token moves towards its best match.
-        np.testing.assert_allclose(velocity(mf.SoftmaxAttention(V, A=np.eye(2, dtype=np.float32)), mu), x)
+        np.testing.assert_allclose(
+            velocity(mf.SoftmaxAttention(V, A=np.eye(2, dtype=np.float32)), mu), x
+        )
 
 
 def test_unnormalized_exp_overflows_only_when_the_value_does():
@@ -284,7 +294,9 @@ def test_unnormalized_exp_overflows_only_when_the_value_does():
 def test_masked_query_before_every_key_has_zero_velocity(key):
     x, w, A, V, _, _, _ = _data(key, 5, 2)
     mu = mf.MaskedParticles(x, np.full(5, 0.5), w)
-    v = mf.SoftmaxAttention(V, A=A).velocity_at(mu, x[:2], positions=np.array([0.1, 0.5]))
+    v = mf.SoftmaxAttention(V, A=A).velocity_at(
+        mu, x[:2], positions=np.array([0.1, 0.5])
+    )
     np.testing.assert_array_equal(v[0], 0)
     assert np.all(np.abs(v[1]) > 0)
 
@@ -330,7 +342,7 @@ def test_grad_matches_finite_differences(key):
         lambda M: mf.L2Attention(V, Q=M, K=K),
         lambda M: mf.UnnormalizedAttention(V, A=M),
     ]:
-        loss = lambda M: jnp.sum(jnp.sin(make(M).velocity(mu)))
+        loss = lambda M, make=make: jnp.sum(jnp.sin(make(M).velocity(mu)))
         g = jax.grad(loss)(jnp.asarray(A))
         eps = 1e-6
         fd = (loss(A + eps * direction) - loss(A - eps * direction)) / (2 * eps)
@@ -354,11 +366,16 @@ def test_grad_with_respect_to_positions(key):
     [
         (lambda: mf.SoftmaxAttention(np.eye(2)), r"either `A` .* or both `Q` and `K`"),
         (
-            lambda: mf.SoftmaxAttention(np.eye(2), A=np.eye(2), Q=np.eye(2), K=np.eye(2)),
+            lambda: mf.SoftmaxAttention(
+                np.eye(2), A=np.eye(2), Q=np.eye(2), K=np.eye(2)
+            ),
             r"not both",
         ),
         (lambda: mf.SoftmaxAttention(np.eye(2), A=np.eye(3)), r"`A` must have shape"),
-        (lambda: mf.SoftmaxAttention(np.ones((2, 3)), A=np.eye(2)), r"`V` must have shape"),
+        (
+            lambda: mf.SoftmaxAttention(np.ones((2, 3)), A=np.eye(2)),
+            r"`V` must have shape",
+        ),
         (
             lambda: mf.L2Attention(np.eye(2), Q=np.ones((1, 2)), K=np.ones((2, 2))),
             r"`Q` and `K` must both have shape",
@@ -371,13 +388,21 @@ def test_grad_with_respect_to_positions(key):
             lambda: mf.SinkhornAttention(np.eye(2), A=np.eye(2), kernel="l2"),
             r'kernel="l2" needs `Q` and `K`',
         ),
-        (lambda: mf.SinkhornAttention(np.eye(2), A=np.eye(2), max_iter=-1), r"max_iter"),
+        (
+            lambda: mf.SinkhornAttention(np.eye(2), A=np.eye(2), max_iter=-1),
+            r"max_iter",
+        ),
         (lambda: mf.MultiHeadAttention([]), r"at least one"),
         (
-            lambda: mf.MultiHeadAttention([mf.SoftmaxAttention(np.eye(2), A=np.eye(2))], out=[]),
+            lambda: mf.MultiHeadAttention(
+                [mf.SoftmaxAttention(np.eye(2), A=np.eye(2))], out=[]
+            ),
             r"one matrix per head",
         ),
-        (lambda: mf.SoftmaxAttention(np.eye(2), A=np.full((2, 2), np.nan)), r"`A` contains NaN"),
+        (
+            lambda: mf.SoftmaxAttention(np.eye(2), A=np.full((2, 2), np.nan)),
+            r"`A` contains NaN",
+        ),
     ],
 )
 def test_bad_attention_arguments(build, match):
@@ -391,7 +416,9 @@ def test_bad_velocity_calls():
     masked = mf.MaskedParticles(np.zeros((3, 2)), np.zeros(3))
     with pytest.raises(ValueError, match=r"`z` must have shape \(m, d\) with d = 2"):
         attn.velocity_at(mu, np.zeros((4, 3)))
-    with pytest.raises(ValueError, match=r"`positions` \(m,\) of the query points is required"):
+    with pytest.raises(
+        ValueError, match=r"`positions` \(m,\) of the query points is required"
+    ):
         attn.velocity_at(masked, np.zeros((4, 2)))
     with pytest.raises(ValueError, match=r"only meaningful for MaskedParticles"):
         attn.velocity_at(mu, np.zeros((4, 2)), positions=np.zeros(4))

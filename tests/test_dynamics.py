@@ -49,7 +49,9 @@ def test_layers_converge_to_simulate_at_first_order(key):
     attn = mf.SoftmaxAttention(np.array([[0.5, 1.0], [-1.0, 0.5]]), A=np.eye(2))
     ref = mf.simulate(mf.Particles(x), attn, 1.0, rtol=1e-12, atol=1e-12).x[-1]
     Ls = np.array([8, 16, 32, 64, 128])
-    errs = [np.max(np.abs(mf.layers(mf.Particles(x), attn, int(L)).x[-1] - ref)) for L in Ls]
+    errs = [
+        np.max(np.abs(mf.layers(mf.Particles(x), attn, int(L)).x[-1] - ref)) for L in Ls
+    ]
     slope = np.polyfit(np.log(Ls), np.log(errs), 1)[0]
     # Explicit Euler: error = C h + O(h^2), so the fitted slope is -1 up to O(h).
     assert abs(slope + 1) < 0.1, (slope, errs)
@@ -78,13 +80,20 @@ def test_sphere_normalisation_keeps_unit_norm(key):
     x = _tokens(key, n=32, d=3)
     x = x / np.linalg.norm(x, axis=-1, keepdims=True)
     ts = np.linspace(0, 10, 21)
-    sol = mf.simulate(mf.Particles(x), _identity_softmax(3), 10.0, saveat=ts, normalization="sphere")
+    sol = mf.simulate(
+        mf.Particles(x), _identity_softmax(3), 10.0, saveat=ts, normalization="sphere"
+    )
     assert sol.status == "success"
     assert np.max(np.abs(np.linalg.norm(sol.x, axis=-1) - 1)) < 1e-6
     # The projected dynamics are right, not just normalised: compare with a tight solve.
     ref = mf.simulate(
-        mf.Particles(x), _identity_softmax(3), 10.0, saveat=ts, normalization="sphere",
-        rtol=1e-11, atol=1e-11,
+        mf.Particles(x),
+        _identity_softmax(3),
+        10.0,
+        saveat=ts,
+        normalization="sphere",
+        rtol=1e-11,
+        atol=1e-11,
     )
     assert np.max(np.abs(sol.x - ref.x)) < 1e-4
     # Geshkovski et al.: with Q = K = V = I tokens on the sphere cluster.
@@ -94,7 +103,9 @@ def test_sphere_normalisation_keeps_unit_norm(key):
 
 def test_sphere_layers_keep_unit_norm(key):
     x = _tokens(key, n=16, d=3)
-    sol = mf.layers(mf.Particles(x), _identity_softmax(3), 50, t1=5.0, normalization="sphere")
+    sol = mf.layers(
+        mf.Particles(x), _identity_softmax(3), 50, t1=5.0, normalization="sphere"
+    )
     np.testing.assert_allclose(np.linalg.norm(sol.x, axis=-1), 1, atol=1e-12)
 
 
@@ -113,7 +124,9 @@ def test_unnormalized_attention_blows_up_and_reports_it(key):
     # The same blow-up in float32 is reported at the same time (to float32 accuracy).
     sol32 = mf.simulate(
         mf.Particles(x.astype(np.float32)),
-        mf.UnnormalizedAttention(np.eye(3, dtype=np.float32), A=np.eye(3, dtype=np.float32)),
+        mf.UnnormalizedAttention(
+            np.eye(3, dtype=np.float32), A=np.eye(3, dtype=np.float32)
+        ),
         5.0,
     )
     assert sol32.status == "blowup"
@@ -123,7 +136,14 @@ def test_unnormalized_attention_blows_up_and_reports_it(key):
 def test_blowup_radius_crossing_is_located(key):
     # x' = x for V = I: |x(t)| = |x0| e^t exactly, so radius R is hit at log(R/|x0|).
     x = np.array([[1.0, 0.0]])
-    sol = mf.simulate(mf.Particles(x), _identity_softmax(2), 10.0, blowup_radius=100.0, rtol=1e-10, atol=1e-10)
+    sol = mf.simulate(
+        mf.Particles(x),
+        _identity_softmax(2),
+        10.0,
+        blowup_radius=100.0,
+        rtol=1e-10,
+        atol=1e-10,
+    )
     assert sol.status == "blowup"
     np.testing.assert_allclose(float(sol.blowup_time), np.log(100.0), rtol=1e-6)
 
@@ -160,7 +180,9 @@ def test_simulate_under_jit_and_vmap(key):
     np.testing.assert_allclose(run(mf.Particles(x), attn), direct, rtol=1e-12)
     scales = jnp.array([0.5, 1.0, 2.0])
     batched = jax.vmap(
-        lambda c: mf.simulate(mf.Particles(x), mf.SoftmaxAttention(c * jnp.eye(2), A=jnp.eye(2)), 1.0).x[-1]
+        lambda c: mf.simulate(
+            mf.Particles(x), mf.SoftmaxAttention(c * jnp.eye(2), A=jnp.eye(2)), 1.0
+        ).x[-1]
     )(scales)
     for i, c in enumerate(scales):
         single = mf.simulate(
@@ -176,7 +198,9 @@ def test_grad_of_simulate_matches_finite_differences(key):
     direction = np.array([[0.3, -1.0], [0.5, 0.2]])
 
     def loss(V):
-        sol = mf.simulate(mf.Particles(x), mf.SoftmaxAttention(V, A=A), 1.0, rtol=1e-10, atol=1e-10)
+        sol = mf.simulate(
+            mf.Particles(x), mf.SoftmaxAttention(V, A=A), 1.0, rtol=1e-10, atol=1e-10
+        )
         return jnp.sum(sol.x[-1] ** 2)
 
     V0 = jnp.eye(2)
@@ -190,7 +214,9 @@ def test_grad_of_simulate_matches_finite_differences(key):
 def test_forward_mode_through_simulate(key):
     x = _tokens(key, n=6, d=2)
     f = lambda c: mf.simulate(
-        mf.Particles(x), mf.SoftmaxAttention(c * jnp.eye(2), A=jnp.eye(2)), 1.0,
+        mf.Particles(x),
+        mf.SoftmaxAttention(c * jnp.eye(2), A=jnp.eye(2)),
+        1.0,
         adjoint=dfx.ForwardMode(),
     ).x[-1]
     _, tangent = jax.jvp(f, (1.0,), (1.0,))
@@ -210,7 +236,10 @@ def test_progress_bar_runs(key, capsys):
         (dict(solver="euler"), r"pass `dt0`"),
         (dict(normalization="layer"), r"`normalization` must be one of"),
         (dict(t0=2.0), r"`t1` must be greater than `t0`"),
-        (dict(saveat=np.array([0.0, 2.0])), r"`saveat` must be non-decreasing times within"),
+        (
+            dict(saveat=np.array([0.0, 2.0])),
+            r"`saveat` must be non-decreasing times within",
+        ),
         (dict(blowup_radius=-1.0), r"`blowup_radius` must be positive"),
         (dict(dt0=-0.1), r"`dt0` must be positive"),
     ],

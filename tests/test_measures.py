@@ -14,7 +14,9 @@ def test_particles_defaults_to_uniform_weights():
 
 
 def test_integer_input_becomes_float():
-    assert jnp.issubdtype(mf.Particles(np.ones((3, 2), dtype=int)).x.dtype, jnp.floating)
+    assert jnp.issubdtype(
+        mf.Particles(np.ones((3, 2), dtype=int)).x.dtype, jnp.floating
+    )
 
 
 def test_measure_keeps_its_dtype():

@@ -67,7 +67,9 @@ def exp_kernel_sum(
     values: Float[Array, "n d"],
     mask: Bool[Array, "m n"] | None = None,
 ) -> Float[Array, "m d"]:
-    """sum_j w_j exp(l_ij) v_j, unnormalised, as exp(M_i) * sum_j exp(l_ij + log w_j - M_i).
+    """sum_j w_j exp(l_ij) v_j, unnormalised.
+
+    Computed as exp(M_i) * sum_j exp(l_ij + log w_j - M_i), M_i the row maximum.
 
     Overflows (to inf) only where the true value exceeds the dtype's range.
     """

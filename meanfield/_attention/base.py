@@ -203,7 +203,7 @@ class AbstractKernelAttention(AbstractAttention):
     def features(
         self, z: Float[Array, "m d"], x: Float[Array, "n d"], t
     ) -> tuple[Float[Array, "m k"], Float[Array, "n k"], Float[Array, " n"] | None]:
-        """(q, keys, key_bias) such that log k(z_i, x_j) = <q_i, keys_j> + key_bias_j."""
+        """(q, keys, key_bias): log k(z_i, x_j) = <q_i, keys_j> + key_bias_j."""
 
     def _evaluate(self, measure, z, positions, t):
         dtype = _kernels.compute_dtype(z.dtype)

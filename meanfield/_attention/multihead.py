@@ -34,13 +34,15 @@ class MultiHeadAttention(AbstractAttention):
         for i, head in enumerate(heads):
             if not isinstance(head, AbstractAttention):
                 raise ValueError(
-                    f"`heads[{i}]` must be an attention module; got {type(head).__name__}."
+                    f"`heads[{i}]` must be an attention module; "
+                    f"got {type(head).__name__}."
                 )
         if out is not None:
             out = tuple(as_param(w, f"out[{i}]") for i, w in enumerate(out))
             if len(out) != len(heads):
                 raise ValueError(
-                    f"`out` must hold one matrix per head ({len(heads)}); got {len(out)}."
+                    f"`out` must hold one matrix per head ({len(heads)}); "
+                    f"got {len(out)}."
                 )
         self.heads, self.out = heads, out
 

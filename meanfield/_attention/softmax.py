@@ -5,7 +5,9 @@ from .base import AbstractKernelAttention, bilinear_features, init_params
 
 
 class SoftmaxAttention(AbstractKernelAttention):
-    """Softmax attention: Gamma_mu(x) = int e^{<A x, y>} V y dmu(y) / int e^{<A x, y>} dmu(y).
+    """Softmax attention, k(x, y) = e^{<A x, y>} normalised against mu.
+
+    Gamma_mu(x) = int e^{<A x, y>} V y dmu(y) / int e^{<A x, y>} dmu(y).
 
     Args:
         V: value matrix (d, d), or a function of t.
