@@ -257,3 +257,19 @@ def test_simulate_rejects_gaussians_and_non_attention():
         mf.simulate(mf.Particles(np.zeros((2, 2))), np.eye(2), 1.0)
     with pytest.raises(ValueError, match=r"`L` must be an integer >= 1"):
         mf.layers(mf.Particles(np.zeros((2, 2))), _identity_softmax(2), 0)
+
+
+def test_super_exponential_blowup_is_reported_in_float32(key):
+    # e^{|x|^2} growth: the velocity changes much faster than |x|, so float32 runs
+    # out of time resolution (dt < 100 ulps of t) before |x| gets large.
+    x = 0.3 * np.asarray(jr.normal(key, (16, 3)))
+    eye = np.eye(3)
+    t64 = mf.simulate(mf.Particles(x), mf.UnnormalizedAttention(eye, A=eye), 20.0)
+    x32, eye32 = x.astype(np.float32), eye.astype(np.float32)
+    t32 = mf.simulate(mf.Particles(x32), mf.UnnormalizedAttention(eye32, A=eye32), 20.0)
+    assert t64.status == "blowup" and t32.status == "blowup"
+    assert int(t32.num_steps) < 1000  # stopped, not stalled until max_steps
+    # float32 stops once dt < 100 ulps(20) = 2.4e-4, a little before the singularity.
+    assert abs(float(t32.blowup_time) - float(t64.blowup_time)) < 2e-3 * float(
+        t64.blowup_time
+    )
