@@ -50,13 +50,22 @@ def check_finite(arr: jax.Array, name: str) -> jax.Array:
     return arr
 
 
+def shape_matches(actual: tuple, shape: tuple) -> bool:
+    """Whether `actual` equals `shape`, None entries of `shape` matching anything."""
+    return len(actual) == len(shape) and all(
+        s is None or s == a for s, a in zip(shape, actual, strict=True)
+    )
+
+
+def format_shape(shape: tuple, wildcard: str = "?") -> str:
+    """'(2, ?)' style rendering of an expected shape."""
+    return "(" + ", ".join(wildcard if s is None else str(s) for s in shape) + ")"
+
+
 def check_shape(arr: jax.Array, shape: tuple, name: str, meaning: str) -> None:
     """ValueError unless `arr.shape == shape` (None entries match anything)."""
-    ok = arr.ndim == len(shape) and all(
-        s is None or s == a for s, a in zip(shape, arr.shape, strict=True)
-    )
-    if not ok:
-        want = "(" + ", ".join("?" if s is None else str(s) for s in shape) + ")"
+    if not shape_matches(arr.shape, shape):
         raise ValueError(
-            f"`{name}` must have shape {meaning} = {want}; got shape {arr.shape}."
+            f"`{name}` must have shape {meaning} = {format_shape(shape)}; "
+            f"got shape {arr.shape}."
         )

@@ -10,7 +10,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._checks import as_float_array, check_finite
+from .._checks import as_float_array, check_finite, format_shape, shape_matches
 from .._custom_types import Param
 from .._measures import AbstractMeasure, AbstractParticles, MaskedParticles
 from .._params import as_param, at
@@ -30,14 +30,10 @@ def check_bilinear_args(A, Q, K, cls_name: str) -> None:
 def param_at(param, t, name: str, shape: tuple) -> Float[Array, "..."]:
     """Evaluate `param` at t and check its shape (None entries match anything)."""
     value = at(param, t)
-    ok = value.ndim == len(shape) and all(
-        s is None or s == v for s, v in zip(shape, value.shape, strict=True)
-    )
-    if not ok:
-        want = "(" + ", ".join("k" if s is None else str(s) for s in shape) + ")"
+    if not shape_matches(value.shape, shape):
         raise ValueError(
-            f"`{name}` must have shape {want} for tokens of dimension d = {shape[-1]}; "
-            f"got shape {value.shape}."
+            f"`{name}` must have shape {format_shape(shape, 'k')} for tokens of "
+            f"dimension d = {shape[-1]}; got shape {value.shape}."
         )
     return value
 
