@@ -1,0 +1,357 @@
+"""Moment ODE of a Gaussian under attention dynamics, closed forms and blow-up.
+
+On mu = N(alpha, Sigma) the field is affine, Gamma(x) = B x + b, so mu(t) stays
+Gaussian with alpha' = B alpha + b and Sigma' = B Sigma + Sigma B^T (MATH.md s. 3).
+"""
+
+import math
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float, Int
+
+from . import _status
+from ._attention.base import AbstractAttention, param_at
+from ._attention.multihead import MultiHeadAttention
+from ._attention.softmax import SoftmaxAttention
+from ._checks import is_traced
+from ._gaussian_velocity import _affine, check_supported, interaction_matrix
+from ._measures import Gaussian
+
+
+class GaussianSolution(eqx.Module):
+    """Trajectory of N(alpha(t), Sigma(t)).
+
+    Attributes:
+        ts: save times (T,); +inf after a blow-up.
+        mean: alpha(t), shape (T, d).
+        cov: Sigma(t), shape (T, d, d), symmetric.
+        blowup_time: time at which lambda_max(Sigma) diverges (+inf if not on
+            [t0, t1]); see `simulate`.
+        result: integer code; see `status`.
+        t_final: time at which integration stopped.
+        num_steps: solver steps.
+    """
+
+    ts: Float[Array, " T"]
+    mean: Float[Array, "T d"]
+    cov: Float[Array, "T d d"]
+    blowup_time: Float[Array, ""]
+    result: Int[Array, ""]
+    t_final: Float[Array, ""]
+    num_steps: Int[Array, ""]
+
+    @property
+    def status(self) -> str:
+        """'success' | 'blowup' | 'max_steps' | 'failed'."""
+        return _status.name(self.result)
+
+    def gaussian(self, i: int) -> Gaussian:
+        """The Gaussian at ts[i] (not re-validated)."""
+        g = Gaussian(jnp.zeros(self.mean.shape[-1]), jnp.eye(self.mean.shape[-1]))
+        return eqx.tree_at(lambda m: (m.mean, m.cov), g, (self.mean[i], self.cov[i]))
+
+
+def _symmetrize(S):
+    return (S + jnp.swapaxes(S, -1, -2)) / 2
+
+
+def _value_rate(attn, t, d):
+    """Sum over heads of |W_h V_h(t)|_2: the growth rate bound of normalised attention.
+
+    |Gamma(x)| <= |V| R for every normalised variant, so without blow-up Sigma can
+    grow at most like e^{2 int |V|} (MATH.md sections 2-3).
+    """
+    if isinstance(attn, MultiHeadAttention):
+        total = 0.0
+        for h, head in enumerate(attn.heads):
+            rate = _value_rate(head, t, d)
+            if attn.out is not None:
+                W = param_at(attn.out[h], t, f"out[{h}]", (d, d))
+                rate = rate * jnp.linalg.norm(W, 2)
+            total = total + rate
+        return total
+    return jnp.linalg.norm(param_at(attn.V, t, "V", (d, d)), 2)
+
+
+def _lambda_max(t, y):
+    return jnp.linalg.eigvalsh(_symmetrize(y[1]))[-1]
+
+
+def _time_to_singularity(field, t, y):
+    """Extrapolated t* - t from lambda(t) = lambda_max(Sigma(t)) and its derivatives.
+
+    For lambda ~ c (t* - t)^{-p}: lambda lambda'' / lambda'^2 = (p + 1) / p, and
+    t* - t = p lambda / lambda'. Derivatives along the flow by nested jax.jvp
+    (time enters the tangent with dt = 1). Returns 0 when the profile is not
+    power-law like (r <= 1), i.e. no extrapolation.
+    """
+
+    def along_flow(fn):
+        def derivative(t, y):
+            tangent = (jnp.ones_like(t), field(t, y, None))
+            return jax.jvp(fn, (t, y), tangent)[1]
+
+        return derivative
+
+    d1 = along_flow(_lambda_max)
+    d2 = along_flow(d1)
+    lam, dlam, ddlam = _lambda_max(t, y), d1(t, y), d2(t, y)
+    r = lam * ddlam / jnp.where(dlam != 0, dlam**2, 1)
+    ok = (dlam > 0) & (r > 1) & jnp.isfinite(r)
+    p = 1 / jnp.where(ok, r - 1, 1)
+    return jnp.where(ok, p * lam / jnp.where(dlam > 0, dlam, 1), 0)
+
+
+def _moment_field(attn):
+    def field(t, state, args):
+        mean, cov = state[0], _symmetrize(state[1])
+        B, b = _affine(attn, mean, cov, t)
+        return B @ mean + b, _symmetrize(B @ cov + cov @ B.T)
+
+    return field
+
+
+def _augmented_field(attn, d):
+    """(mean, cov, log_bound) with log_bound' = 2 sum_h |W_h V_h(t)|_2."""
+    moments = _moment_field(attn)
+
+    def field(t, state, args):
+        dmean, dcov = moments(t, state, args)
+        return dmean, dcov, 2 * _value_rate(attn, t, d).astype(state[2].dtype)
+
+    return field
+
+
+def _check(gauss, attn):
+    if not isinstance(gauss, Gaussian):
+        raise ValueError(f"`gauss` must be a `Gaussian`; got {type(gauss).__name__}.")
+    check_supported(attn, gauss.dim)
+
+
+def simulate(
+    gauss: Gaussian,
+    attn: AbstractAttention,
+    t1: float,
+    *,
+    t0: float = 0.0,
+    saveat: ArrayLike | None = None,
+    rtol: float = 1e-8,
+    atol: float = 1e-8,
+    max_steps: int = 100_000,
+    blowup_threshold: float = 1e8,
+) -> GaussianSolution:
+    """Solve the moment ODE alpha' = B alpha + b, Sigma' = B Sigma + Sigma B^T.
+
+    Computed in float64 when x64 is enabled (whatever the Gaussian's dtype), with
+    Dopri8 (8th order: d x d states are cheap, accuracy is not); Sigma is
+    symmetrised at every evaluation.
+
+    Blow-up: a diffrax event stops the solve at the end of the step on which
+    lambda_max(Sigma(t)) exceeds blowup_threshold * lambda_max(Sigma0) *
+    e^{2 int_0^t |V|_2}: growth beyond what any normalised attention allows
+    without blow-up (|Gamma(x)| <= |V| R), so Sinkhorn or full-rank L2 runs that
+    grow exponentially are never flagged. Near a blow-up at t*,
+    lambda_max ~ c (t* - t)^{-p} (p = 1 for softmax, p = 2 for the rank-deficient
+    L2 example of MATH.md); p and t* - t are estimated from lambda, lambda',
+    lambda'' at that point (`_time_to_singularity`) and `blowup_time` is the
+    extrapolated t*.
+
+    Args:
+        gauss: initial Gaussian N(alpha0, Sigma0).
+        attn: softmax, L2, Sinkhorn or multi-head attention.
+        t1: final time.
+        t0: initial time.
+        saveat: save times (T,) in [t0, t1]; None saves t0 and t1.
+        rtol: relative tolerance.
+        atol: absolute tolerance.
+        max_steps: step budget (status "max_steps" when exhausted).
+        blowup_threshold: factor by which lambda_max(Sigma) must exceed its
+            blow-up-free growth bound lambda_max(Sigma0) e^{2 int |V|} to stop.
+
+    Returns:
+        A `GaussianSolution`.
+
+    Raises:
+        ValueError: unsupported attention, bad times or threshold.
+    """
+    _check(gauss, attn)
+    if not float(t1) > float(t0):
+        raise ValueError(f"`t1` must be greater than `t0`; got t0={t0}, t1={t1}.")
+    if not blowup_threshold > 0:
+        raise ValueError(
+            f"`blowup_threshold` must be positive; got {blowup_threshold}."
+        )
+    dtype = jnp.promote_types(gauss.mean.dtype, jnp.result_type(float))
+    mean0, cov0 = gauss.mean.astype(dtype), gauss.cov.astype(dtype)
+    if saveat is None:
+        sub = dfx.SubSaveAt(t0=True, t1=True)
+    else:
+        ts = jnp.asarray(saveat, dtype)
+        if ts.ndim != 1 or ts.shape[0] == 0:
+            raise ValueError(f"`saveat` must be a non-empty 1-D array; got {ts.shape}.")
+        if not is_traced(ts) and not (
+            bool(jnp.all(jnp.diff(ts) >= 0)) and ts[0] >= t0 and ts[-1] <= t1
+        ):
+            raise ValueError(
+                f"`saveat` must be non-decreasing times within [t0, t1] = [{t0}, {t1}]."
+            )
+        sub = dfx.SubSaveAt(ts=ts)
+    log_thr = math.log(blowup_threshold) + jnp.log(jnp.linalg.eigvalsh(cov0)[-1])
+
+    def crossed(t, y, args, **kwargs):
+        # log lambda_max(Sigma) - log(threshold lambda_max(Sigma0) e^{2 int |V|}).
+        lam = jnp.linalg.eigvalsh(_symmetrize(y[1]))[-1]
+        value = jnp.log(jnp.maximum(lam, jnp.finfo(dtype).tiny)) - log_thr - y[2]
+        return value.astype(jnp.result_type(float))
+
+    field = _moment_field(attn)
+    sol = dfx.diffeqsolve(
+        dfx.ODETerm(_augmented_field(attn, gauss.dim)),
+        dfx.Dopri8(),
+        jnp.asarray(t0, dtype),
+        jnp.asarray(t1, dtype),
+        None,
+        (mean0, cov0, jnp.zeros((), dtype)),
+        saveat=dfx.SaveAt(subs=(sub, dfx.SubSaveAt(t1=True))),
+        stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol),
+        max_steps=int(max_steps),
+        # No root finder: the crossing step ends within O(1/threshold) of t*, and
+        # the extrapolation below does the rest (Newton on the steep interpolant
+        # near a singularity does not converge).
+        event=dfx.Event(crossed),
+        throw=False,
+    )
+    (ts, t_end), ((means, covs, _), (mean_end, cov_end, _)) = sol.ts, sol.ys
+    t_final = t_end[0]
+    blew_up = sol.result == dfx.RESULTS.event_occurred
+    remaining = _time_to_singularity(field, t_final, (mean_end[0], cov_end[0]))
+    blowup_time = jnp.where(blew_up, t_final + remaining, jnp.inf)
+    code = jnp.where(
+        sol.result == dfx.RESULTS.max_steps_reached, _status.MAX_STEPS, _status.FAILED
+    )
+    code = jnp.where(sol.result == dfx.RESULTS.successful, _status.SUCCESS, code)
+    code = jnp.where(blew_up, _status.BLOWUP, code)
+    return GaussianSolution(
+        ts=ts,
+        mean=means,
+        cov=_symmetrize(covs),
+        blowup_time=blowup_time,
+        result=code,
+        t_final=t_final,
+        num_steps=sol.stats["num_steps"],
+    )
+
+
+def _commutes(X, Y, scale) -> bool:
+    return bool(np.max(np.abs(X @ Y - Y @ X)) <= 1e-10 * scale)
+
+
+def _closed_form_parts(gauss, attn):
+    """(V, A, M, Sigma0) for the closed-form case; ValueError outside it."""
+    _check(gauss, attn)
+    if not isinstance(attn, SoftmaxAttention):
+        raise ValueError(
+            "the closed form covers softmax attention only; got "
+            f"{type(attn).__name__} (use `mf.gaussian.simulate`)."
+        )
+    params = [attn.V, attn.A, attn.Q, attn.K]
+    if any(callable(p) for p in params if p is not None):
+        raise ValueError("the closed form needs constant (array) `A` and `V`.")
+    if is_traced(*[p for p in params if p is not None], gauss.cov):
+        raise ValueError("the closed form checks commutation on concrete arrays.")
+    d = gauss.dim
+    V = np.asarray(attn.V, np.float64)
+    A = np.asarray(interaction_matrix(attn, 0.0, d), np.float64)
+    S0 = np.asarray(gauss.cov, np.float64)
+    M = V @ A + A.T @ V.T
+    scale = max(np.abs(V).max() * max(np.abs(M).max(), np.abs(S0).max()), 1e-300)
+    if not (_commutes(V, M, scale) and _commutes(V, S0, scale)):
+        raise ValueError(
+            "the closed form needs V to commute with M = V A + A^T V^T and with "
+            "Sigma0 (MATH.md section 3); use `mf.gaussian.simulate`."
+        )
+    return V, A, M, S0
+
+
+def blowup_time(gauss: Gaussian, attn: AbstractAttention) -> float:
+    """Analytic blow-up time of softmax attention in the closed-form case.
+
+    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}), M = V A + A^T V^T (MATH.md
+    section 3), or +inf if that eigenvalue is <= 0 (global solution).
+
+    Raises:
+        ValueError: outside the closed-form case (see `closed_form`).
+    """
+    _, _, M, S0 = _closed_form_parts(gauss, attn)
+    lam, U = np.linalg.eigh(S0)
+    root = (U * np.sqrt(lam)) @ U.T
+    top = np.linalg.eigvalsh(root @ M @ root)[-1]
+    return float(1 / top) if top > 0 else math.inf
+
+
+class ClosedForm(eqx.Module):
+    """Closed-form Gaussian trajectory: ts (T,), mean (T, d) or None, cov (T, d, d).
+
+    `mean` is None when its formula does not apply (it needs V, A, Sigma0
+    symmetric and pairwise commuting, or alpha0 = 0). Entries at t >= t* are +inf.
+    """
+
+    ts: np.ndarray
+    mean: np.ndarray | None
+    cov: np.ndarray
+
+
+def closed_form(gauss: Gaussian, attn: AbstractAttention, ts: ArrayLike) -> ClosedForm:
+    """Exact alpha(t), Sigma(t) for softmax with constant A, V (MATH.md section 3).
+
+    When V commutes with M = V A + A^T V^T and with Sigma0:
+    Sigma(t) = (Sigma0^{-1} - t M)^{-1} (P = Sigma^{-1} solves P' = -M). If V, A and
+    Sigma0 are symmetric and commute pairwise, alpha(t) = e^{tV} (I - t M Sigma0)^{-1/2}
+    alpha0; if alpha0 = 0, alpha(t) = 0.
+
+    Args:
+        gauss: initial Gaussian.
+        attn: `SoftmaxAttention` with constant parameters.
+        ts: times (T,), t >= 0.
+
+    Returns:
+        `ClosedForm` (NumPy float64 arrays).
+
+    Raises:
+        ValueError: outside this case.
+    """
+    V, A, M, S0 = _closed_form_parts(gauss, attn)
+    ts = np.asarray(ts, np.float64).reshape(-1)
+    d = V.shape[0]
+    t_star = blowup_time(gauss, attn)
+    P0 = np.linalg.inv(S0)
+    cov = np.full((ts.size, d, d), np.inf)
+    alive = ts < t_star
+    for i in np.flatnonzero(alive):
+        cov[i] = np.linalg.inv(P0 - ts[i] * M)
+        cov[i] = (cov[i] + cov[i].T) / 2
+    alpha0 = np.asarray(gauss.mean, np.float64)
+    scale = max(np.abs(A).max(), np.abs(V).max(), np.abs(S0).max(), 1e-300)
+    symmetric = all(np.allclose(X, X.T, rtol=0, atol=1e-12 * scale) for X in (V, A))
+    commuting = symmetric and all(
+        _commutes(X, Y, scale**2) for X, Y in ((V, A), (V, S0), (A, S0))
+    )
+    if not np.any(alpha0):
+        mean = np.zeros((ts.size, d))
+        mean[~alive] = np.inf
+    elif commuting:
+        mean = np.full((ts.size, d), np.inf)
+        lamV, UV = np.linalg.eigh(V)
+        for i in np.flatnonzero(alive):
+            W = np.eye(d) - ts[i] * M @ S0
+            W = (W + W.T) / 2
+            lam, U = np.linalg.eigh(W)
+            inv_root = (U / np.sqrt(lam)) @ U.T
+            mean[i] = (UV * np.exp(ts[i] * lamV)) @ UV.T @ inv_root @ alpha0
+    else:
+        mean = None
+    return ClosedForm(ts=ts, mean=mean, cov=cov)

@@ -1,0 +1,23 @@
+"""Gaussian measures under attention dynamics: affine fields, moment ODE, blow-up.
+
+Public namespace `mf.gaussian` (Castin, Ablin, Carrillo & Peyre, "A Unified
+Perspective on the Dynamics of Deep Transformers", 2025; formulas in MATH.md s. 3).
+"""
+
+from ._gaussian_ode import (
+    ClosedForm,
+    GaussianSolution,
+    blowup_time,
+    closed_form,
+    simulate,
+)
+from ._gaussian_velocity import velocity
+
+__all__ = [
+    "ClosedForm",
+    "GaussianSolution",
+    "blowup_time",
+    "closed_form",
+    "simulate",
+    "velocity",
+]
