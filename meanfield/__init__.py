@@ -50,6 +50,7 @@ __all__ = [
     "SoftmaxAttention",
     "Solution",
     "UnnormalizedAttention",
+    "gaussian",
     "layers",
     "simulate",
 ]
