@@ -18,7 +18,12 @@ from ._attention.base import AbstractAttention, param_at
 from ._attention.multihead import MultiHeadAttention
 from ._attention.softmax import SoftmaxAttention
 from ._checks import is_traced
-from ._gaussian_velocity import _affine, check_supported, interaction_matrix
+from ._gaussian_velocity import (
+    _affine,
+    check_supported,
+    interaction_matrix,
+    safe_eigh,
+)
 from ._measures import Gaussian
 
 
@@ -78,7 +83,7 @@ def _value_rate(attn, t, d):
 
 
 def _lambda_max(t, y):
-    return jnp.linalg.eigvalsh(_symmetrize(y[1]))[-1]
+    return safe_eigh(_symmetrize(y[1]))[0][-1]
 
 
 def _time_to_singularity(field, t, y):
@@ -204,7 +209,7 @@ def simulate(
 
     def crossed(t, y, args, **kwargs):
         # log lambda_max(Sigma) - log(threshold lambda_max(Sigma0) e^{2 int |V|}).
-        lam = jnp.linalg.eigvalsh(_symmetrize(y[1]))[-1]
+        lam = _lambda_max(t, y)
         value = jnp.log(jnp.maximum(lam, jnp.finfo(dtype).tiny)) - log_thr - y[2]
         return value.astype(jnp.result_type(float))
 

@@ -45,9 +45,20 @@ def interaction_matrix(attn, t, d: int) -> Float[Array, "d d"]:
     return K.T @ Q
 
 
+def safe_eigh(S: Float[Array, "d d"]):
+    """`eigh` that never sees inf/NaN (LAPACK's eigensolvers can hang on them).
+
+    A non-finite matrix (a rejected trial step near a blow-up) is replaced by
+    inf * I, so the eigenvalues come out +inf and the step is rejected as usual.
+    """
+    finite = jnp.all(jnp.isfinite(S))
+    lam, U = jnp.linalg.eigh(jnp.where(finite, S, jnp.zeros_like(S)))
+    return jnp.where(finite, lam, jnp.inf), U
+
+
 def sym_sqrt(S: Float[Array, "d d"]) -> Float[Array, "d d"]:
     """Symmetric PSD square root by one eigendecomposition (no sqrtm)."""
-    lam, U = jnp.linalg.eigh(S)
+    lam, U = safe_eigh(S)
     return (U * jnp.sqrt(jnp.maximum(lam, 0))[None, :]) @ U.T
 
 
@@ -60,7 +71,7 @@ def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:
     """
     root = sym_sqrt(cov)
     G = root @ A @ cov @ A.T @ root
-    gam, U = jnp.linalg.eigh((G + G.T) / 2)
+    gam, U = safe_eigh((G + G.T) / 2)
     X = (U * (2 / (1 + jnp.sqrt(1 + 4 * jnp.maximum(gam, 0))))[None, :]) @ U.T
     return root @ X @ root @ A
 

@@ -11,9 +11,21 @@ from ._gaussian_ode import (
     closed_form,
     simulate,
 )
+from ._gaussian_study import (
+    BlowupStudy,
+    ParticleComparison,
+    blowup_times,
+    compare_particles,
+    numerical_rank,
+)
 from ._gaussian_velocity import velocity
 
 __all__ = [
+    "BlowupStudy",
+    "ParticleComparison",
+    "blowup_times",
+    "compare_particles",
+    "numerical_rank",
     "ClosedForm",
     "GaussianSolution",
     "blowup_time",
