@@ -159,7 +159,9 @@ def simulate(
     lambda_max(Sigma(t)) exceeds blowup_threshold * lambda_max(Sigma0) *
     e^{2 int_0^t |V|_2}: growth beyond what any normalised attention allows
     without blow-up (|Gamma(x)| <= |V| R), so Sinkhorn or full-rank L2 runs that
-    grow exponentially are never flagged. Near a blow-up at t*,
+    grow exponentially are never flagged. A step size below 100 ulps of
+    max(|t0|, |t1|, 1) (float32 close to t*) also ends the solve as a blow-up.
+    Near a blow-up at t*,
     lambda_max ~ c (t* - t)^{-p} (p = 1 for softmax, p = 2 for the rank-deficient
     L2 example of MATH.md); p and t* - t are estimated from lambda, lambda',
     lambda'' at that point (`_time_to_singularity`) and `blowup_time` is the
@@ -214,6 +216,7 @@ def simulate(
         return value.astype(jnp.result_type(float))
 
     field = _moment_field(attn)
+    dtmin = 100 * float(jnp.finfo(dtype).eps) * max(abs(t0), abs(t1), 1.0)
     sol = dfx.diffeqsolve(
         dfx.ODETerm(_augmented_field(attn, gauss.dim)),
         dfx.Dopri8(),
@@ -222,7 +225,11 @@ def simulate(
         None,
         (mean0, cov0, jnp.zeros((), dtype)),
         saveat=dfx.SaveAt(subs=(sub, dfx.SubSaveAt(t1=True))),
-        stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol),
+        # Steps below 100 ulps of t cannot approach t* further (float32 near a
+        # blow-up): stop there and extrapolate, rather than stall until max_steps.
+        stepsize_controller=dfx.PIDController(
+            rtol=rtol, atol=atol, dtmin=dtmin, force_dtmin=False
+        ),
         max_steps=int(max_steps),
         # No root finder: the crossing step ends within O(1/threshold) of t*, and
         # the extrapolation below does the rest (Newton on the steep interpolant
@@ -232,7 +239,9 @@ def simulate(
     )
     (ts, t_end), ((means, covs, _), (mean_end, cov_end, _)) = sol.ts, sol.ys
     t_final = t_end[0]
-    blew_up = sol.result == dfx.RESULTS.event_occurred
+    blew_up = (sol.result == dfx.RESULTS.event_occurred) | (
+        sol.result == dfx.RESULTS.dt_min_reached
+    )
     remaining = _time_to_singularity(field, t_final, (mean_end[0], cov_end[0]))
     blowup_time = jnp.where(blew_up, t_final + remaining, jnp.inf)
     code = jnp.where(

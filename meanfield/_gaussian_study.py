@@ -22,7 +22,8 @@ class BlowupStudy(eqx.Module):
     Attributes:
         t_max: the horizon of the study.
         times: variant name -> blow-up times (batch,), +inf if none on [0, t_max].
-        fraction: variant name -> fraction of the batch that blows up.
+        fraction: variant name -> fraction of the batch that blows up (runs that
+            ended with another status, see `status`, count as not blowing up).
         rank: variant name -> numerical rank (batch,) of Sigma(t_max) /
             lambda_max(Sigma(t_max)) for the runs that did not blow up (-1 for those
             that did or whose solve failed).
@@ -68,6 +69,7 @@ def blowup_times(
     rtol: float = 1e-6,
     atol: float = 1e-6,
     max_steps: int = 10_000,
+    blowup_threshold: float = 1e8,
     chunk_size: int = 512,
 ) -> BlowupStudy:
     """Blow-up time of the Gaussian moment ODE for a batch of parameter sets.
@@ -90,6 +92,7 @@ def blowup_times(
         rtol: relative tolerance of each solve.
         atol: absolute tolerance of each solve.
         max_steps: step budget of each solve.
+        blowup_threshold: see `mf.gaussian.simulate`.
         chunk_size: runs solved together under one vmap. A vmapped adaptive solve
             steps in lockstep until its slowest member ends, so chunks bound the
             cost of a few stiff runs (and very large vmapped batches of diffrax
@@ -103,7 +106,13 @@ def blowup_times(
 
     def one(attn):
         sol = simulate_gaussian(
-            gauss, attn, t_max, rtol=rtol, atol=atol, max_steps=max_steps
+            gauss,
+            attn,
+            t_max,
+            rtol=rtol,
+            atol=atol,
+            max_steps=max_steps,
+            blowup_threshold=blowup_threshold,
         )
         rank = numerical_rank(sol.cov[-1], rank_rtol)
         rank = jnp.where(sol.result == _status.SUCCESS, rank, -1)

@@ -166,7 +166,8 @@ def test_l2_full_rank_K_does_not_blow_up_where_softmax_does():
         gauss, mf.L2Attention(V, Q=Q, K=K), 10 * t_star, saveat=ts
     )
     assert l2.status == "success"
-    # |B| <= |V| |Q| / s_min(K) (MATH.md): |Sigma(t)| <= |Sigma0| e^{2 t |V||Q|/s_min(K)}.
+    # |B| <= |V| |Q| / s_min(K) (MATH.md), so
+    # |Sigma(t)| <= |Sigma0| e^{2 t |V| |Q| / s_min(K)}.
     rate = np.linalg.norm(V, 2) * np.linalg.norm(Q, 2) / np.linalg.svd(K)[1][-1]
     bound = np.linalg.norm(SIGMA0, 2) * np.exp(2 * rate * ts)
     assert np.all(
@@ -321,3 +322,19 @@ def test_particles_follow_the_moment_ode(key):
 def test_bad_input(call, match):
     with pytest.raises(ValueError, match=match):
         call(mf.Gaussian(np.zeros(2), np.array([[2.0, 0.5], [0.5, 1.0]])))
+
+
+def test_float32_blowup_is_found_not_stalled():
+    # Float32 cannot step within 1e-8 of t*: the solve stops at dt < 100 ulps and
+    # extrapolates the 1/(t* - t) profile instead of spinning until max_steps.
+    gauss, attn = _commuting_case()
+    g32 = mf.Gaussian(np.float32(ALPHA0), np.diag([1.0, 2.0]).astype(np.float32))
+    a32 = mf.SoftmaxAttention(
+        np.eye(2, dtype=np.float32), A=np.diag([0.8, -0.5]).astype(np.float32)
+    )
+    with jax.enable_x64(False):
+        sol = mf.gaussian.simulate(g32, a32, 2.0)
+    assert sol.status == "blowup" and int(sol.num_steps) < 1000
+    np.testing.assert_allclose(
+        float(sol.blowup_time), mf.gaussian.blowup_time(gauss, attn), rtol=1e-5
+    )

@@ -1,0 +1,477 @@
+"""Gaussian blow-up of attention variants, with figures (`meanfield gaussian`).
+
+Castin, Ablin, Carrillo & Peyre, "A Unified Perspective on the Dynamics of Deep
+Transformers" (2025): on a Gaussian N(alpha, Sigma) softmax, L2 and Sinkhorn
+attention are affine fields, so mu(t) stays Gaussian (MATH.md section 3). From
+the same initial Gaussian, softmax can blow up in finite time (when
+M = V A + A^T V^T has a positive direction), while L2 with K of full column rank
+and Sinkhorn exist for all time. A phase diagram maps the softmax blow-up time
+over the family A(s, r) = [[s, 1/2], [0, r]].
+
+Run it with `meanfield gaussian [--config FILE.toml]`.
+"""
+
+import math
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.lines import Line2D
+
+from . import _io, _status, plotting
+from ._attention.l2 import L2Attention
+from ._attention.sinkhorn import SinkhornAttention
+from ._attention.softmax import SoftmaxAttention
+from ._gaussian_ode import blowup_time as closed_form_blowup_time
+from ._gaussian_ode import simulate
+from ._gaussian_study import blowup_times
+from ._measures import Gaussian
+
+#: Save times per run, linspace(0, t1, NUM_SAVES).
+NUM_SAVES = 121
+#: Off-diagonal entry of the phase-diagram family A(s, r) = [[s, c], [0, r]].
+PHASE_COUPLING = 0.5
+#: Tolerances of the moment ODE solves (float64).
+RTOL = ATOL = 1e-8
+#: Tolerances of the phase-diagram solves (only the blow-up time is kept).
+PHASE_TOL = 1e-6
+
+DEFAULTS: dict = {
+    "mean": [0.5, 0.0],
+    "cov": [[1.0, 0.3], [0.3, 0.5]],
+    "t1": 3.0,
+    "V": [[1.0, 0.0], [0.0, 1.0]],
+    "Q": [[1.0, 0.5], [0.0, 1.0]],
+    "K": [[1.0, 0.0], [0.0, 1.0]],
+    "phase": {
+        "s_range": [-1.5, 1.5, 41],
+        "r_range": [-1.5, 1.5, 41],
+        "t_max": 5.0,
+    },
+}
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_number(value) -> bool:
+    # bool is an int subclass; `true` in a config is not a number.
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _number(value, key: str, *, positive: bool = False) -> float:
+    if not _is_number(value) or not math.isfinite(value):
+        raise ValueError(f"`{key}` must be a finite number; got {_short(value)}.")
+    if positive and not value > 0:
+        raise ValueError(f"`{key}` must be positive; got {value!r}.")
+    return float(value)
+
+
+def _matrix(value, key: str, rows: int | None, cols: int) -> list[list[float]]:
+    """A list of lists of numbers with the given shape (rows None: any >= 1)."""
+    ok = (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(isinstance(row, list) for row in value)
+        and all(_is_number(v) and math.isfinite(v) for row in value for v in row)
+    )
+    if not ok:
+        raise ValueError(
+            f"`{key}` must be a matrix (a list of lists of finite numbers); "
+            f"got {_short(value)}."
+        )
+    lengths = sorted({len(row) for row in value})
+    want_rows = "k" if rows is None else rows
+    if (rows is not None and len(value) != rows) or lengths != [cols]:
+        got = (
+            f"shape ({len(value)}, {lengths[0]})"
+            if len(lengths) == 1
+            else f"rows of lengths {lengths}"
+        )
+        raise ValueError(f"`{key}` must have shape ({want_rows}, {cols}); got {got}.")
+    return [[float(v) for v in row] for row in value]
+
+
+def _range(value, key: str) -> list:
+    ok = (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(_is_number(v) and math.isfinite(v) for v in value)
+        and isinstance(value[2], int)
+    )
+    if not ok:
+        raise ValueError(
+            f"`{key}` must be [min, max, count] (count an integer); "
+            f"got {_short(value)}."
+        )
+    lo, hi, count = value
+    if not lo < hi or count < 2:
+        raise ValueError(
+            f"`{key}` must have min < max and count >= 2; got {_short(value)}."
+        )
+    return [float(lo), float(hi), int(count)]
+
+
+def _check_keys(config, allowed, table: str | None) -> None:
+    """Unknown keys of the top level (table None) or of a [table]."""
+    where = "the configuration" if table is None else f"the [{table}] table"
+    if not isinstance(config, dict):
+        name = "the configuration" if table is None else f"`{table}`"
+        raise ValueError(f"{name} must be a table; got {_short(config)}.")
+    for key in config:
+        if key not in allowed:
+            name = key if table is None else f"{table}.{key}"
+            raise ValueError(
+                f"unknown key `{name}` in {where}; expected one of "
+                f"{', '.join(allowed)}."
+            )
+
+
+def resolve_config(config: dict | None) -> dict:
+    """Validate a configuration and fill in the defaults.
+
+    Keys (all optional): `mean` (d = 2 entries), `cov` (2 x 2 symmetric positive
+    definite), `t1` (> 0), `V` (2 x 2), `Q`, `K` (k x 2, same k; A = K^T Q) and a
+    `phase` table with `s_range`, `r_range` ([min, max, count]) and `t_max`.
+
+    Args:
+        config: the user's configuration (e.g. parsed TOML); None for defaults.
+
+    Returns:
+        The full configuration (plain lists and floats).
+
+    Raises:
+        ValueError: unknown key, wrong type or bad value; the message (one line)
+            names the key.
+    """
+    config = {} if config is None else config
+    _check_keys(config, DEFAULTS, None)
+    phase_in = config.get("phase", {})
+    _check_keys(phase_in, DEFAULTS["phase"], "phase")
+    merged = {**DEFAULTS, **config, "phase": {**DEFAULTS["phase"], **phase_in}}
+
+    mean = merged["mean"]
+    if (
+        not isinstance(mean, list)
+        or not mean
+        or not all(_is_number(v) and math.isfinite(v) for v in mean)
+    ):
+        raise ValueError(
+            f"`mean` must be a list of finite numbers; got {_short(mean)}."
+        )
+    if len(mean) != 2:
+        raise ValueError(
+            f"`mean` must have 2 entries (the figures are planar, d = 2); "
+            f"got {len(mean)}."
+        )
+    d = 2
+    out = {"mean": [float(v) for v in mean]}
+    cov = _matrix(merged["cov"], "cov", d, d)
+    C = np.asarray(cov)
+    scale = max(float(np.abs(C).max()), 1e-300)
+    if np.abs(C - C.T).max() > 1e-12 * scale:
+        raise ValueError(f"`cov` must be symmetric; got {cov}.")
+    lam = np.linalg.eigvalsh(C)
+    if not lam[0] > 0:
+        raise ValueError(
+            f"`cov` must be positive definite; got eigenvalues {lam.round(6).tolist()}."
+        )
+    out["cov"] = cov
+    out["t1"] = _number(merged["t1"], "t1", positive=True)
+    out["V"] = _matrix(merged["V"], "V", d, d)
+    out["Q"] = _matrix(merged["Q"], "Q", None, d)
+    out["K"] = _matrix(merged["K"], "K", len(out["Q"]), d)
+    phase = merged["phase"]
+    out["phase"] = {
+        "s_range": _range(phase["s_range"], "phase.s_range"),
+        "r_range": _range(phase["r_range"], "phase.r_range"),
+        "t_max": _number(phase["t_max"], "phase.t_max", positive=True),
+    }
+    return out
+
+
+def _grid(spec: list) -> np.ndarray:
+    lo, hi, count = spec
+    return np.linspace(lo, hi, count)
+
+
+def phase_family(s, r) -> np.ndarray:
+    """A(s, r) = [[s, c], [0, r]] with c = PHASE_COUPLING, shape s.shape + (2, 2).
+
+    M = A + A^T = [[2s, c], [c, 2r]] is negative semidefinite iff s, r <= 0 and
+    4 s r >= c^2: there (V = I) softmax attention has no blow-up; elsewhere
+    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}) (MATH.md section 3).
+    """
+    s, r = np.broadcast_arrays(np.asarray(s, float), np.asarray(r, float))
+    A = np.zeros(s.shape + (2, 2))
+    A[..., 0, 0], A[..., 0, 1], A[..., 1, 1] = s, PHASE_COUPLING, r
+    return A
+
+
+def _draw_global_boundary(ax, s, r) -> None:
+    """Dashed boundary of {M = A + A^T <= 0}: no blow-up for any Sigma0 when V = I.
+
+    With V = I, Sigma' = Sigma M Sigma, so M negative semidefinite keeps Sigma
+    bounded; for A(s, r) this is s, r <= 0 and 4 s r >= c^2 (MATH.md section 3).
+    Cells outside it that are grey blow up after t_max.
+    """
+    fs, fr = np.linspace(s[0], s[-1], 400), np.linspace(r[0], r[-1], 400)
+    S, R = np.meshgrid(fs, fr)
+    A = phase_family(S, R)
+    top = np.linalg.eigvalsh(A + np.swapaxes(A, -1, -2))[..., -1]
+    if top.min() < 0 < top.max():
+        ax.contour(fs, fr, top, levels=[0.0], colors="C0", linestyles="--")
+        # Extend the diagram's legend (its handles carry their labels).
+        legend = ax.get_legend()
+        proxy = Line2D([], [], color="C0", ls="--", label=r"$A + A^T \preceq 0$")
+        ax.legend(
+            handles=[*legend.legend_handles, proxy],
+            loc="upper left",
+            fontsize="small",
+            framealpha=0.9,
+        )
+
+
+def _fmt(matrix) -> str:
+    """Compact matrix text: [[1, 0.5], [0, 1]]."""
+    rows = np.atleast_2d(np.asarray(matrix, float))
+    return (
+        "["
+        + ", ".join("[" + ", ".join(f"{v:.3g}" for v in row) + "]" for row in rows)
+        + "]"
+    )
+
+
+def _log(progress: bool, message: str) -> None:
+    if progress:
+        print(message, file=sys.stderr, flush=True)
+
+
+def _save(fig, path: Path) -> None:
+    try:
+        _io.savefig_atomic(fig, path, dpi=150)
+    finally:
+        plt.close(fig)  # pyplot keeps every open figure alive otherwise
+
+
+def _closed_form_time(gauss, attn) -> float | None:
+    # Analytic t* where it applies (V commuting with M and Sigma0, e.g. V = I).
+    try:
+        return closed_form_blowup_time(gauss, attn)
+    except ValueError:
+        return None
+
+
+def run_gaussian(
+    config: dict | None,
+    out_dir: str | Path = "out/gaussian",
+    *,
+    seed: int | None = None,
+    progress: bool = False,
+) -> dict:
+    """Compare softmax, L2 and Sinkhorn attention on one Gaussian; draw figures.
+
+    From N(mean, cov), solves the moment ODE (Castin, Ablin, Carrillo & Peyre,
+    2025; MATH.md section 3) to t1 with saveat = linspace(0, t1, 121) for softmax
+    (A = K^T Q), L2 (Q, K) and Sinkhorn (kernel "dot", A = K^T Q), all with the
+    value matrix V; then maps the softmax blow-up time over
+    A(s, r) = [[s, 1/2], [0, r]] (`phase_family`) with `mf.gaussian.blowup_times`.
+
+    Computed in float64, inside the scoped, thread-local `jax.enable_x64(True)`
+    (the caller's setting is untouched): the ODE is d x d so this is cheap, and
+    in float32 the time grid cannot resolve the approach to t* at the library's
+    default blow-up threshold (the solves end with "max_steps").
+
+    Writes to `out_dir` (created if needed): `ellipses.png`, `eigenvalues.png`,
+    `phase.png`, `gaussian.npz` (per variant `<name>_ts`, `<name>_mean`,
+    `<name>_cov`, `<name>_blowup_time`, `<name>_status`; `phase_s`, `phase_r`,
+    `phase_times` (R, S), `phase_status` (R, S), `phase_A` (R, S, 2, 2)) and
+    `manifest.json` (full configuration, seed, versions, device, wall time,
+    summary).
+
+    Args:
+        config: configuration (see `resolve_config`); None for the defaults.
+        out_dir: output directory.
+        seed: recorded in the manifest (the run itself is deterministic).
+        progress: print a line per stage to stderr.
+
+    Returns:
+        The summary: {variant: {"status", "blowup_time", "closed_form_blowup_time"
+        (softmax only; None outside the closed-form case)}, "phase":
+        {"fraction_blowup", "shape" [R, S], "t_max", "failed"}}.
+
+    Raises:
+        ValueError: invalid configuration (the message names the key).
+    """
+    cfg = resolve_config(config)
+    start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with jax.enable_x64(True):
+        summary, arrays, sols, phase = _compute(cfg, progress)
+    t1, ph = cfg["t1"], cfg["phase"]
+
+    _log(progress, "drawing figures")
+    _save(
+        plotting.plot_covariance_ellipses(
+            sols,
+            title=(
+                f"1-sigma ellipses of N(mean(t), cov(t)): V = {_fmt(cfg['V'])}, "
+                f"A = K^T Q = {_fmt(phase['A_run'])}"
+            ),
+        ),
+        out / "ellipses.png",
+    )
+    _save(
+        plotting.plot_covariance_eigenvalues(
+            sols, title=rf"eigenvalues of $\Sigma(t)$ on [0, {t1:g}]"
+        ),
+        out / "eigenvalues.png",
+    )
+    fig = plotting.plot_blowup_phase_diagram(
+        phase["s"],
+        phase["r"],
+        phase["times"],
+        t_max=ph["t_max"],
+        point=phase["point"],
+        title=(
+            f"softmax blow-up time\nA(s, r) = [[s, {PHASE_COUPLING:g}], [0, r]], "
+            f"V = {_fmt(cfg['V'])}"
+        ),
+    )
+    if np.array_equal(np.asarray(cfg["V"]), np.eye(2)):
+        _draw_global_boundary(fig.axes[0], phase["s"], phase["r"])
+    _save(fig, out / "phase.png")
+    _io.save_npz_atomic(out / "gaussian.npz", **arrays)
+
+    wall = time.perf_counter() - start
+    resolved = {
+        **cfg,
+        "out_dir": str(out),
+        "d": 2,
+        "dtype": "float64",
+        "saveat": f"linspace(0, t1, {NUM_SAVES})",
+        "rtol": RTOL,
+        "atol": ATOL,
+        "variants": {
+            "softmax": "SoftmaxAttention(V, Q=Q, K=K)  (A = K^T Q)",
+            "L2": "L2Attention(V, Q=Q, K=K)",
+            "Sinkhorn": 'SinkhornAttention(V, Q=Q, K=K, kernel="dot")  (A = K^T Q)',
+        },
+    }
+    resolved["phase"] = {
+        **ph,
+        "family": f"A(s, r) = [[s, {PHASE_COUPLING:g}], [0, r]]",
+        "attention": "SoftmaxAttention(V, A=A(s, r))",
+        "rtol": PHASE_TOL,
+        "atol": PHASE_TOL,
+    }
+    man = _io.manifest(resolved, seed, wall)
+    man["summary"] = summary
+    _io.write_manifest(out / "manifest.json", man)
+    return summary
+
+
+def _compute(cfg: dict, progress: bool):
+    """Solve the three variants and the phase grid (run under x64)."""
+    f64 = jnp.float64
+    V, Q, K = (jnp.asarray(cfg[k], f64) for k in ("V", "Q", "K"))
+    gauss = Gaussian(jnp.asarray(cfg["mean"], f64), jnp.asarray(cfg["cov"], f64))
+    t1 = cfg["t1"]
+    saveat = jnp.linspace(0.0, t1, NUM_SAVES, dtype=f64)
+    attns = {
+        "softmax": SoftmaxAttention(V, Q=Q, K=K),
+        "L2": L2Attention(V, Q=Q, K=K),
+        "Sinkhorn": SinkhornAttention(V, Q=Q, K=K, kernel="dot"),
+    }
+    sols, summary, arrays = {}, {}, {}
+    for name, attn in attns.items():
+        t0 = time.perf_counter()
+        sol = simulate(gauss, attn, t1, saveat=saveat, rtol=RTOL, atol=ATOL)
+        sols[name] = sol
+        summary[name] = {"status": sol.status, "blowup_time": float(sol.blowup_time)}
+        if name == "softmax":
+            summary[name]["closed_form_blowup_time"] = _closed_form_time(gauss, attn)
+        arrays.update(
+            {
+                f"{name}_ts": sol.ts,
+                f"{name}_mean": sol.mean,
+                f"{name}_cov": sol.cov,
+                f"{name}_blowup_time": sol.blowup_time,
+                f"{name}_status": np.asarray(sol.status),
+            }
+        )
+        _log(
+            progress,
+            f"{name}: {sol.status}, t* = {float(sol.blowup_time):.6g} "
+            f"({time.perf_counter() - t0:.1f} s)",
+        )
+
+    ph = cfg["phase"]
+    s, r = _grid(ph["s_range"]), _grid(ph["r_range"])
+    S, R = np.meshgrid(s, r)  # (len(r), len(s)): row i is r[i]
+    As = phase_family(S, R)
+    _log(progress, f"phase diagram: {r.size} x {s.size} runs to t = {ph['t_max']:g}")
+    t0 = time.perf_counter()
+    batched = jax.vmap(lambda A: SoftmaxAttention(V, A=A))(
+        jnp.asarray(As.reshape(-1, 2, 2), f64)
+    )
+    study = blowup_times(
+        gauss, {"softmax": batched}, ph["t_max"], rtol=PHASE_TOL, atol=PHASE_TOL
+    )
+    times = np.asarray(study.times["softmax"], float).reshape(S.shape)
+    codes = np.asarray(study.status["softmax"]).reshape(S.shape)
+    ok = (codes == _status.SUCCESS) | (codes == _status.BLOWUP)
+    times = np.where(ok, times, np.nan)  # failed solves: neither inf nor a time
+    _log(progress, f"phase diagram done ({time.perf_counter() - t0:.1f} s)")
+    arrays.update(
+        phase_s=s, phase_r=r, phase_times=times, phase_status=codes, phase_A=As
+    )
+    summary["phase"] = {
+        "fraction_blowup": float(np.mean(np.isfinite(times))),
+        "shape": [int(r.size), int(s.size)],
+        "t_max": ph["t_max"],
+        "failed": int(np.sum(~ok)),
+    }
+    A_run = np.asarray(K).T @ np.asarray(Q)
+    # Mark the simulated A on the diagram when it belongs to the family.
+    in_family = np.allclose(A_run, phase_family(A_run[0, 0], A_run[1, 1]))
+    phase = {
+        "s": s,
+        "r": r,
+        "times": times,
+        "A_run": A_run,
+        "point": (A_run[0, 0], A_run[1, 1]) if in_family else None,
+    }
+    return summary, arrays, sols, phase
+
+
+def format_summary(summary: dict) -> str:
+    """A few lines: status and blow-up time per variant, phase blow-up fraction."""
+    lines = []
+    for name, res in summary.items():
+        if name == "phase":
+            continue
+        t = res["blowup_time"]
+        line = (
+            f"{name:9s} {res['status']:9s} t* = {t:.6g}"
+            if math.isfinite(t)
+            else (f"{name:9s} {res['status']:9s} no blow-up")
+        )
+        exact = res.get("closed_form_blowup_time")
+        if exact is not None:
+            line += f"  (closed form {exact:.6g})"
+        lines.append(line)
+    ph = summary["phase"]
+    R, S = ph["shape"]
+    lines.append(
+        f"phase     {R} x {S} grid: {ph['fraction_blowup']:.1%} blow up on "
+        f"[0, {ph['t_max']:g}]" + (f", {ph['failed']} failed" if ph["failed"] else "")
+    )
+    return "\n".join(lines)

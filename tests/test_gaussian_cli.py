@@ -1,0 +1,85 @@
+"""`meanfield gaussian`: softmax / L2 / Sinkhorn blow-up comparison on a Gaussian."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from meanfield.cli import main
+
+SMALL = """\
+t1 = 2.0
+
+[phase]
+s_range = [-1.0, 1.0, 6]
+r_range = [-1.0, 1.0, 5]
+t_max = 3.0
+"""
+
+
+def _toml(tmp_path, text, name="config.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_gaussian_writes_figures_arrays_and_manifest(tmp_path, capsys):
+    out = tmp_path / "out"
+    config = _toml(tmp_path, SMALL)
+    argv = ["gaussian", "--config", config, "--out", str(out), "--seed", "7"]
+    assert main([*argv, "--no-progress"]) == 0
+    for name in ["ellipses.png", "eigenvalues.png", "phase.png"]:
+        assert (out / name).stat().st_size > 10_000, name
+    manifest = json.loads((out / "manifest.json").read_text())
+    cfg = manifest["config"]
+    assert manifest["seed"] == 7
+    assert cfg["t1"] == 2.0 and cfg["phase"]["s_range"] == [-1.0, 1.0, 6]
+    assert cfg["phase"]["r_range"] == [-1.0, 1.0, 5] and cfg["phase"]["t_max"] == 3.0
+    # Defaults are resolved into the manifest, not left implicit.
+    assert cfg["Q"] == [[1.0, 0.5], [0.0, 1.0]] and cfg["mean"] == [0.5, 0.0]
+    summary = manifest["summary"]
+    assert summary["phase"]["shape"] == [5, 6]
+    with np.load(out / "gaussian.npz") as data:
+        assert data["phase_times"].shape == (5, 6)
+        assert data["softmax_cov"].shape == (121, 2, 2)
+        t_softmax = float(data["softmax_blowup_time"])
+    # V = I commutes with everything: the closed form t* applies. The solver
+    # stops at lambda_max ~ 1e8 and extrapolates; agreement is ~1e-8 relative.
+    exact = summary["softmax"]["closed_form_blowup_time"]
+    assert summary["softmax"]["status"] == "blowup"
+    assert math.isclose(t_softmax, exact, rel_tol=1e-5)
+    # L2 with K = I (full column rank) and Sinkhorn exist for all time.
+    assert summary["L2"]["status"] == "success"
+    assert summary["Sinkhorn"]["status"] == "success"
+    assert 0 < summary["phase"]["fraction_blowup"] < 1
+    printed = capsys.readouterr().out
+    assert "softmax" in printed and "phase" in printed
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("foo = 1\n", "`foo`"),
+        ("cov = [[1.0, 2.0], [2.0, 1.0]]\n", "`cov`"),  # eigenvalues -1, 3
+        ("[phase]\nt_maxx = 1.0\n", "`phase.t_maxx`"),
+        ('t1 = "long"\n', "`t1`"),
+        ("Q = [[1.0, 0.0, 0.0]]\n", "`Q`"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line_naming_the_key(tmp_path, capsys, text, key):
+    out = tmp_path / "out"
+    code = main(["gaussian", "--config", _toml(tmp_path, text), "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("meanfield gaussian: error: ")
+    assert key in err
+    assert not out.exists()  # validated before anything is written
+
+
+def test_unreadable_or_invalid_toml_exits_2(tmp_path, capsys):
+    assert main(["gaussian", "--config", str(tmp_path / "missing.toml")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert main(["gaussian", "--config", _toml(tmp_path, "cov = [[1.0,\n")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "invalid TOML" in err
