@@ -15,6 +15,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from . import _status
 from ._attention.base import AbstractAttention, param_at
+from ._attention.l2 import L2Attention
 from ._attention.multihead import MultiHeadAttention
 from ._attention.softmax import SoftmaxAttention
 from ._checks import is_traced
@@ -65,10 +66,12 @@ def _symmetrize(S):
 
 
 def _value_rate(attn, t, d):
-    """Sum over heads of |W_h V_h(t)|_2: the growth rate bound of normalised attention.
+    """Growth rate r(t) of a blow-up-free run: |Sigma(t)| <= |Sigma0| e^{2 int r}.
 
-    |Gamma(x)| <= |V| R for every normalised variant, so without blow-up Sigma can
-    grow at most like e^{2 int |V|} (MATH.md sections 2-3).
+    Sinkhorn: r = |V|_2 (|S| <= |Sigma|). L2 with K of full column rank:
+    r = |V| |Q| / s_min(K) (MATH.md section 3). Softmax has no such bound (B = V Sigma A
+    grows with Sigma); |V|_2 is used as the reference rate. Multi-head: sum of
+    |W_h| r_h.
     """
     if isinstance(attn, MultiHeadAttention):
         total = 0.0
@@ -79,7 +82,16 @@ def _value_rate(attn, t, d):
                 rate = rate * jnp.linalg.norm(W, 2)
             total = total + rate
         return total
-    return jnp.linalg.norm(param_at(attn.V, t, "V", (d, d)), 2)
+    rate = jnp.linalg.norm(param_at(attn.V, t, "V", (d, d)), 2)
+    if isinstance(attn, L2Attention):
+        Q = param_at(attn.Q, t, "Q", (None, d))
+        K = param_at(attn.K, t, "K", (Q.shape[0], d))
+        sv = jnp.linalg.svd(K, compute_uv=False)
+        s_min = sv[-1] if K.shape[0] >= d else jnp.zeros((), sv.dtype)
+        full_rank = s_min > 1e-8 * sv[0]
+        ratio = jnp.linalg.norm(Q, 2) / jnp.where(full_rank, s_min, 1)
+        rate = rate * jnp.where(full_rank, jnp.maximum(ratio, 1), 1)
+    return rate
 
 
 def _lambda_max(t, y):
@@ -121,7 +133,7 @@ def _moment_field(attn):
 
 
 def _augmented_field(attn, d):
-    """(mean, cov, log_bound) with log_bound' = 2 sum_h |W_h V_h(t)|_2."""
+    """(mean, cov, log_bound) with log_bound' = 2 r(t) (see `_value_rate`)."""
     moments = _moment_field(attn)
 
     def field(t, state, args):
@@ -157,9 +169,10 @@ def simulate(
 
     Blow-up: a diffrax event stops the solve at the end of the step on which
     lambda_max(Sigma(t)) exceeds blowup_threshold * lambda_max(Sigma0) *
-    e^{2 int_0^t |V|_2}: growth beyond what any normalised attention allows
-    without blow-up (|Gamma(x)| <= |V| R), so Sinkhorn or full-rank L2 runs that
-    grow exponentially are never flagged. A step size below 100 ulps of
+    e^{2 int_0^t r}, r the growth rate of a blow-up-free run (`_value_rate`:
+    |V| for Sinkhorn and softmax, |V| |Q| / s_min(K) for L2 with K of full column
+    rank), so Sinkhorn or full-rank L2 runs that grow exponentially are never
+    flagged. A step size below 100 ulps of
     max(|t0|, |t1|, 1) (float32 close to t*) also ends the solve as a blow-up.
     Near a blow-up at t*,
     lambda_max ~ c (t* - t)^{-p} (p = 1 for softmax, p = 2 for the rank-deficient
@@ -177,7 +190,7 @@ def simulate(
         atol: absolute tolerance.
         max_steps: step budget (status "max_steps" when exhausted).
         blowup_threshold: factor by which lambda_max(Sigma) must exceed its
-            blow-up-free growth bound lambda_max(Sigma0) e^{2 int |V|} to stop.
+            blow-up-free growth bound lambda_max(Sigma0) e^{2 int r} to stop.
 
     Returns:
         A `GaussianSolution`.
@@ -210,7 +223,7 @@ def simulate(
     log_thr = math.log(blowup_threshold) + jnp.log(jnp.linalg.eigvalsh(cov0)[-1])
 
     def crossed(t, y, args, **kwargs):
-        # log lambda_max(Sigma) - log(threshold lambda_max(Sigma0) e^{2 int |V|}).
+        # log lambda_max(Sigma) - log(threshold lambda_max(Sigma0) e^{2 int r}).
         lam = _lambda_max(t, y)
         value = jnp.log(jnp.maximum(lam, jnp.finfo(dtype).tiny)) - log_thr - y[2]
         return value.astype(jnp.result_type(float))

@@ -338,3 +338,12 @@ def test_float32_blowup_is_found_not_stalled():
     np.testing.assert_allclose(
         float(sol.blowup_time), mf.gaussian.blowup_time(gauss, attn), rtol=1e-5
     )
+
+
+def test_fast_exponential_l2_growth_is_not_a_blowup():
+    # K = I, Q = 3 I: B -> K^T Q = 3 I, so Sigma grows like e^{6t} (e^{30} by t = 5),
+    # beyond 1e8 e^{2 |V| t}, yet L2 with full-rank K never blows up (MATH.md).
+    attn = mf.L2Attention(np.eye(2), Q=3 * np.eye(2), K=np.eye(2))
+    sol = mf.gaussian.simulate(mf.Gaussian(np.zeros(2), np.eye(2)), attn, 5.0)
+    assert sol.status == "success"
+    assert np.linalg.norm(np.asarray(sol.cov[-1]), 2) > 1e8 * np.exp(2 * 5.0)
