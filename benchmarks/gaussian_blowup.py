@@ -38,7 +38,9 @@ VARIANTS = {
 }
 
 
-def run(batch: int, dims, t_max: float = 5.0, max_steps: int = 2000) -> list[dict]:
+def run(
+    batch: int, dims, t_max: float = 5.0, max_steps: int = 2000, on_row=None
+) -> list[dict]:
     rows = []
     for d in dims:
         ka, kv = jr.split(jr.fold_in(jr.key(0), d))
@@ -85,6 +87,8 @@ def run(batch: int, dims, t_max: float = 5.0, max_steps: int = 2000) -> list[dic
                 row["check_same_finiteness"] = bool(np.all(np.isfinite(got) == fin))
             print(row, flush=True)
             rows.append(row)
+            if on_row is not None:
+                on_row(rows)
     return rows
 
 
@@ -110,13 +114,17 @@ def main():
     parser.add_argument("--dims", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
-    rows = run(args.batch, args.dims)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     device = jax.devices()[0].platform
-    result = dict(manifest=_io.manifest(vars(args), 0, None), rows=rows)
-    _io.write_manifest(out / f"gaussian_blowup_{device}.json", result)
-    plot(rows, out / f"gaussian_blowup_{device}.png")
+
+    def save(rows):
+        # Written after every row (atomically): a long run keeps what it measured.
+        result = dict(manifest=_io.manifest(vars(args), 0, None), rows=rows)
+        _io.write_manifest(out / f"gaussian_blowup_{device}.json", result)
+        plot(rows, out / f"gaussian_blowup_{device}.png")
+
+    run(args.batch, args.dims, on_row=save)
 
 
 if __name__ == "__main__":
