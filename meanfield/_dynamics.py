@@ -69,6 +69,29 @@ class Solution(eqx.Module):
         return eqx.tree_at(lambda m: m.x, self.initial, self.x[i])
 
 
+def save_times(saveat, t0, t1, dtype) -> dfx.SubSaveAt:
+    """The user's save times as a diffrax `SubSaveAt` (None: t0 and t1).
+
+    Raises:
+        ValueError: not a non-empty 1-D array, or (when concrete) not
+            non-decreasing within [t0, t1].
+    """
+    if saveat is None:
+        return dfx.SubSaveAt(t0=True, t1=True)
+    ts = jnp.asarray(saveat, dtype)
+    if ts.ndim != 1 or ts.shape[0] == 0:
+        raise ValueError(
+            f"`saveat` must be a non-empty 1-D array of times; got shape {ts.shape}."
+        )
+    if not is_traced(ts) and not (
+        bool(jnp.all(jnp.diff(ts) >= 0)) and ts[0] >= t0 and ts[-1] <= t1
+    ):
+        raise ValueError(
+            f"`saveat` must be non-decreasing times within [t0, t1] = [{t0}, {t1}]."
+        )
+    return dfx.SubSaveAt(ts=ts)
+
+
 def _project_sphere(x, vel):
     # P_x^perp v = v - <x, v> x: the LayerNorm model keeps |x_i| = 1.
     return vel - jnp.sum(x * vel, axis=-1, keepdims=True) * x
@@ -236,22 +259,7 @@ def simulate(
     # lax.cond, so they must be in the default float dtype (float64 under x64).
     cond_dtype = jnp.result_type(float)
 
-    if saveat is None:
-        user_save = dfx.SubSaveAt(t0=True, t1=True)
-    else:
-        ts = jnp.asarray(saveat, dtype)
-        if ts.ndim != 1 or ts.shape[0] == 0:
-            raise ValueError(
-                "`saveat` must be a non-empty 1-D array of times; "
-                f"got shape {ts.shape}."
-            )
-        if not is_traced(ts) and not (
-            bool(jnp.all(jnp.diff(ts) >= 0)) and ts[0] >= t0 and ts[-1] <= t1
-        ):
-            raise ValueError(
-                f"`saveat` must be non-decreasing times within [t0, t1] = [{t0}, {t1}]."
-            )
-        user_save = dfx.SubSaveAt(ts=ts)
+    user_save = save_times(saveat, t0, t1, dtype)
     # Always also save the final state: it tells where an early stop happened.
     save = dfx.SaveAt(subs=(user_save, dfx.SubSaveAt(t1=True)))
 

@@ -19,6 +19,7 @@ from ._attention.l2 import L2Attention
 from ._attention.multihead import MultiHeadAttention
 from ._attention.softmax import SoftmaxAttention
 from ._checks import is_traced
+from ._dynamics import save_times
 from ._gaussian_velocity import (
     _affine,
     check_supported,
@@ -207,19 +208,7 @@ def simulate(
         )
     dtype = jnp.promote_types(gauss.mean.dtype, jnp.result_type(float))
     mean0, cov0 = gauss.mean.astype(dtype), gauss.cov.astype(dtype)
-    if saveat is None:
-        sub = dfx.SubSaveAt(t0=True, t1=True)
-    else:
-        ts = jnp.asarray(saveat, dtype)
-        if ts.ndim != 1 or ts.shape[0] == 0:
-            raise ValueError(f"`saveat` must be a non-empty 1-D array; got {ts.shape}.")
-        if not is_traced(ts) and not (
-            bool(jnp.all(jnp.diff(ts) >= 0)) and ts[0] >= t0 and ts[-1] <= t1
-        ):
-            raise ValueError(
-                f"`saveat` must be non-decreasing times within [t0, t1] = [{t0}, {t1}]."
-            )
-        sub = dfx.SubSaveAt(ts=ts)
+    sub = save_times(saveat, t0, t1, dtype)
     log_thr = math.log(blowup_threshold) + jnp.log(jnp.linalg.eigvalsh(cov0)[-1])
 
     def crossed(t, y, args, **kwargs):
