@@ -347,3 +347,14 @@ def test_fast_exponential_l2_growth_is_not_a_blowup():
     sol = mf.gaussian.simulate(mf.Gaussian(np.zeros(2), np.eye(2)), attn, 5.0)
     assert sol.status == "success"
     assert np.linalg.norm(np.asarray(sol.cov[-1]), 2) > 1e8 * np.exp(2 * 5.0)
+
+
+def test_float32_study_has_no_false_sinkhorn_blowups():
+    # Some float32 Sinkhorn runs get too stiff for the dtype (the step size collapses
+    # while lambda_max plateaus): that is "failed", never "blowup".
+    with jax.enable_x64(False):
+        As = jax.random.normal(jax.random.key(1), (1000, 2, 2))  # 2 false before
+        g = mf.Gaussian(jnp.array([0.5, 0.0]), jnp.array([[1.0, 0.3], [0.3, 0.5]]))
+        attns = jax.vmap(lambda A: mf.SinkhornAttention(jnp.eye(2), A=A))(As)
+        study = mf.gaussian.blowup_times(g, {"sinkhorn": attns}, 5.0)
+    assert study.fraction["sinkhorn"] == 0.0
