@@ -41,7 +41,7 @@ def _umask() -> int:
 def _atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
     """Open a temporary file next to `path`; on success move it onto `path`.
 
-    The temporary file keeps the real suffix (`.tmp-XXXX.png`, not `.png.tmp`):
+    The temporary file keeps the real suffix (`.tmp-<random>.png`, not `.png.tmp`):
     writers that infer the format from the name (matplotlib, `np.savez`) then
     do the right thing. On error the temporary file is removed and `path` is
     left untouched.

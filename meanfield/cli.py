@@ -34,6 +34,29 @@ def _at_least_two(text: str) -> int:
     return value
 
 
+def _add_common_options(p, *, out: str, seed_help: str) -> None:
+    """--out, --seed and --no-progress, shared by every command."""
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        default=out,
+        help="output directory, created if needed (default: %(default)s)",
+    )
+    p.add_argument(
+        "--seed",
+        metavar="INT",
+        type=int,
+        default=0,
+        help=f"{seed_help} (default: %(default)s)",
+    )
+    p.add_argument(
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="do not show progress (shown by default)",
+    )
+
+
 def _add_demo(subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
@@ -47,31 +70,13 @@ def _add_demo(subparsers) -> None:
             "manifest.json, and prints a short summary."
         ),
     )
-    p.add_argument(
-        "--out",
-        metavar="DIR",
-        default="out",
-        help="output directory, created if needed (default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        metavar="INT",
-        type=int,
-        default=0,
-        help="PRNG seed of the initial tokens (default: %(default)s)",
-    )
+    _add_common_options(p, out="out", seed_help="PRNG seed of the initial tokens")
     p.add_argument(
         "--n",
         metavar="INT",
         type=_at_least_two,
         default=256,
         help="number of tokens, >= 2 (default: %(default)s)",
-    )
-    p.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_false",
-        help="do not show progress bars (shown by default)",
     )
     p.set_defaults(func=_run_demo)
 
@@ -140,25 +145,10 @@ def _add_gaussian(subparsers) -> None:
         default=None,
         help="TOML configuration; omitted keys take their defaults",
     )
-    p.add_argument(
-        "--out",
-        metavar="DIR",
-        default="out/gaussian",
-        help="output directory, created if needed (default: %(default)s)",
-    )
-    p.add_argument(
-        "--seed",
-        metavar="INT",
-        type=int,
-        default=0,
-        help="seed recorded in the manifest; the run is deterministic "
-        "(default: %(default)s)",
-    )
-    p.add_argument(
-        "--no-progress",
-        dest="progress",
-        action="store_false",
-        help="do not print progress lines (printed by default)",
+    _add_common_options(
+        p,
+        out="out/gaussian",
+        seed_help="seed recorded in the manifest; the run is deterministic",
     )
     p.set_defaults(func=_run_gaussian)
 
