@@ -23,6 +23,7 @@ from ._dynamics import save_times
 from ._gaussian_velocity import (
     _affine,
     check_supported,
+    heads_with_outputs,
     interaction_matrix,
     safe_eigh,
 )
@@ -76,10 +77,9 @@ def _value_rate(attn, t, d):
     """
     if isinstance(attn, MultiHeadAttention):
         total = 0.0
-        for h, head in enumerate(attn.heads):
+        for head, W in heads_with_outputs(attn, t, d):
             rate = _value_rate(head, t, d)
-            if attn.out is not None:
-                W = param_at(attn.out[h], t, f"out[{h}]", (d, d))
+            if W is not None:
                 rate = rate * jnp.linalg.norm(W, 2)
             total = total + rate
         return total

@@ -76,14 +76,23 @@ def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:
     return root @ X @ root @ A
 
 
+def heads_with_outputs(attn: MultiHeadAttention, t, d: int) -> list:
+    """[(head, W_h at t or None)] of a multi-head attention."""
+    if attn.out is None:
+        return [(head, None) for head in attn.heads]
+    return [
+        (head, param_at(attn.out[h], t, f"out[{h}]", (d, d)))
+        for h, head in enumerate(attn.heads)
+    ]
+
+
 def _affine(attn, mean, cov, t):
     d = mean.shape[0]
     if isinstance(attn, MultiHeadAttention):
         B, b = jnp.zeros((d, d), mean.dtype), jnp.zeros((d,), mean.dtype)
-        for h, head in enumerate(attn.heads):
+        for head, W in heads_with_outputs(attn, t, d):
             Bh, bh = _affine(head, mean, cov, t)
-            if attn.out is not None:
-                W = param_at(attn.out[h], t, f"out[{h}]", (d, d))
+            if W is not None:
                 Bh, bh = W @ Bh, W @ bh
             B, b = B + Bh, b + bh
         return B, b

@@ -28,6 +28,21 @@ def _mc_error(attn, gauss, n, key, z):
     return float(np.max(np.abs(got - (z @ np.asarray(B).T + np.asarray(b)))))
 
 
+def _mc_slope(attn, gauss, ns, key, seeds, z_key):
+    """Mean over seeds of the field error for each n, and its log-log slope."""
+    z = np.asarray(jr.normal(z_key, (6, gauss.dim)))
+    errs = [
+        np.mean(
+            [
+                _mc_error(attn, gauss, int(n), k, z)
+                for k in jr.split(jr.fold_in(key, i), seeds)
+            ]
+        )
+        for i, n in enumerate(ns)
+    ]
+    return np.polyfit(np.log(ns), np.log(errs), 1)[0], errs
+
+
 @pytest.mark.parametrize("family", ["softmax", "l2"])
 def test_affine_field_matches_monte_carlo_at_rate_one_over_sqrt_n(key, family):
     d = 2
@@ -38,18 +53,8 @@ def test_affine_field_matches_monte_carlo_at_rate_one_over_sqrt_n(key, family):
         if family == "softmax"
         else mf.L2Attention(V, Q=Q, K=K)
     )
-    z = np.asarray(jr.normal(jr.key(2), (6, d)))
     ns = np.array([10_000, 100_000, 1_000_000])
-    errs = [
-        np.mean(
-            [
-                _mc_error(attn, gauss, int(n), k, z)
-                for k in jr.split(jr.fold_in(key, i), 6)
-            ]
-        )
-        for i, n in enumerate(ns)
-    ]
-    slope = np.polyfit(np.log(ns), np.log(errs), 1)[0]
+    slope, errs = _mc_slope(attn, gauss, ns, key, seeds=6, z_key=jr.key(2))
     # Monte Carlo error ~ C n^{-1/2}; the mean over 6 seeds leaves ~ +-0.15 of noise.
     assert -0.7 < slope < -0.3, (slope, errs)
     assert errs[-1] < 1e-2
@@ -60,18 +65,8 @@ def test_sinkhorn_affine_field_matches_discrete_sinkhorn_on_samples(key):
     A, V, _, _ = _random(jr.key(3), d, 0.5)
     gauss = mf.Gaussian(ALPHA0, SIGMA0)
     attn = mf.SinkhornAttention(V, A=A, tol=1e-10)
-    z = np.asarray(jr.normal(jr.key(4), (6, d)))
     ns = np.array([500, 2000, 8000])
-    errs = [
-        np.mean(
-            [
-                _mc_error(attn, gauss, int(n), k, z)
-                for k in jr.split(jr.fold_in(key, i), 3)
-            ]
-        )
-        for i, n in enumerate(ns)
-    ]
-    slope = np.polyfit(np.log(ns), np.log(errs), 1)[0]
+    slope, errs = _mc_slope(attn, gauss, ns, key, seeds=3, z_key=jr.key(4))
     # The discrete entropic coupling of n samples converges at the rate n^{-1/2}.
     assert -0.8 < slope < -0.3, (slope, errs)
     assert errs[-1] < 0.05
