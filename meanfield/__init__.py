@@ -4,7 +4,7 @@ Measures (particles, masked particles, Gaussians), attention velocity fields
 (softmax, L2, Sinkhorn, multi-head, ill-posed kernels), and particle dynamics.
 """
 
-from . import gaussian
+from . import gaussian, wasserstein
 from ._attention.base import AbstractAttention, AbstractKernelAttention
 from ._attention.ill_posed import (
     AbstractIllPosedAttention,
@@ -53,4 +53,5 @@ __all__ = [
     "gaussian",
     "layers",
     "simulate",
+    "wasserstein",
 ]

@@ -16,14 +16,13 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from . import _status
 from ._attention.base import AbstractAttention, param_at
 from ._attention.l2 import L2Attention
-from ._attention.multihead import MultiHeadAttention
+from ._attention.multihead import MultiHeadAttention, heads_with_outputs
 from ._attention.softmax import SoftmaxAttention
 from ._checks import is_traced
 from ._dynamics import save_times
 from ._gaussian_velocity import (
     _affine,
     check_supported,
-    heads_with_outputs,
     interaction_matrix,
     safe_eigh,
 )

@@ -10,7 +10,7 @@ from jaxtyping import Array, Float
 
 from ._attention.base import AbstractAttention, param_at
 from ._attention.l2 import L2Attention
-from ._attention.multihead import MultiHeadAttention
+from ._attention.multihead import MultiHeadAttention, heads_with_outputs
 from ._attention.sinkhorn import SinkhornAttention
 from ._attention.softmax import SoftmaxAttention
 from ._measures import Gaussian
@@ -74,16 +74,6 @@ def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:
     gam, U = safe_eigh((G + G.T) / 2)
     X = (U * (2 / (1 + jnp.sqrt(1 + 4 * jnp.maximum(gam, 0))))[None, :]) @ U.T
     return root @ X @ root @ A
-
-
-def heads_with_outputs(attn: MultiHeadAttention, t, d: int) -> list:
-    """[(head, W_h at t or None)] of a multi-head attention."""
-    if attn.out is None:
-        return [(head, None) for head in attn.heads]
-    return [
-        (head, param_at(attn.out[h], t, f"out[{h}]", (d, d)))
-        for h, head in enumerate(attn.heads)
-    ]
 
 
 def _affine(attn, mean, cov, t):

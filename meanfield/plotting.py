@@ -1,8 +1,9 @@
-"""Figures of particle trajectories and of the Gaussian moment ODE.
+"""Figures of particle trajectories, of the Gaussian moment ODE, and of stability.
 
 Particles: planar projections, the sphere, the radius. Gaussians (Castin, Ablin,
 Carrillo & Peyre, 2025): covariance ellipses, covariance eigenvalues, and a
 phase diagram of blow-up times over a 2-parameter family of attention matrices.
+Stability: the measured W_p ratio and support radius against their bounds.
 
 Every function draws on `ax` when given (so figures can be composed) and returns
 the `matplotlib.figure.Figure`. New figures are created through pyplot, so they
@@ -29,6 +30,7 @@ from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
 from ._dynamics import Solution
 from ._gaussian_ode import GaussianSolution
+from ._stability import Stability
 
 _CMAP = "twilight"
 
@@ -331,7 +333,7 @@ def plot_radius(sol: Solution, *, ax=None) -> Figure:
     return fig
 
 
-# ---- Gaussian moment ODE ------------------------------------------------------------
+# ---- Gaussian moment ODE -----------------------------------------------------------
 
 _TIME_CMAP = "viridis"
 
@@ -666,4 +668,71 @@ def plot_blowup_phase_diagram(
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title if title is not None else "softmax blow-up time")
+    return fig
+
+
+# ---- stability ---------------------------------------------------------------------
+
+
+def plot_stability(st: Stability, *, title: str | None = None) -> Figure:
+    """Stability figure: W_p ratio against its Gronwall bound, radius against its bound.
+
+    Left: log10 of the measured ratio W_p(mu(t), nu(t)) / W_p(mu_0, nu_0) and of the
+    bound C(t, R_0) against t. Log10 values are drawn on a linear axis because the
+    bound overflows float64 quickly (e^{2|A|R^2} inside an exponential): it is drawn
+    from `log_bound`, which stays finite. Right: support radius and R_0 e^{int|V|}
+    (log scale).
+
+    Args:
+        st: a `Stability` result.
+        title: optional figure title.
+
+    Returns:
+        The figure (two panels).
+    """
+    fig, (ax_ratio, ax_radius) = plt.subplots(1, 2, figsize=(10.0, 4.0))
+    reached = np.isfinite(st.ratio)
+    ts = st.ts[reached]
+    label = "conditional " if st.method == "conditional" else ""
+    ax_ratio.plot(
+        ts,
+        np.log10(st.ratio[reached]),
+        marker=".",
+        label=rf"measured $W_{{{st.p:g}}}$ ratio ({label}{st.method})",
+    )
+    finite = reached & np.isfinite(st.log_bound)
+    if np.any(finite):
+        ax_ratio.plot(
+            st.ts[finite],
+            st.log_bound[finite] / np.log(10),
+            color="C3",
+            ls="--",
+            label=r"Gronwall bound $C(t, R_0)$",
+        )
+    else:
+        ax_ratio.text(
+            0.02, 0.95, "no bound for this attention", transform=ax_ratio.transAxes
+        )
+    ax_ratio.set_xlabel("t")
+    ax_ratio.set_ylabel(r"$\log_{10}$ ratio")
+    ax_ratio.grid(True, alpha=0.3)
+    ax_ratio.legend(fontsize="small")
+
+    ax_radius.semilogy(ts, st.radius[reached], marker=".", label="support radius")
+    bounded = reached & np.isfinite(st.radius_bound)
+    if np.any(bounded):
+        ax_radius.semilogy(
+            st.ts[bounded],
+            st.radius_bound[bounded],
+            color="C3",
+            ls="--",
+            label=r"$R_0 e^{\int \|V\|}$",
+        )
+    ax_radius.set_xlabel("t")
+    ax_radius.set_ylabel("radius")
+    ax_radius.grid(True, which="both", alpha=0.3)
+    ax_radius.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
     return fig

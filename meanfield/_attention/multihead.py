@@ -56,3 +56,13 @@ class MultiHeadAttention(AbstractAttention):
                 vel = vel @ param_at(self.out[h], t, f"out[{h}]", (d, d)).T
             total, ok = total + vel.astype(z.dtype), ok & head_ok
         return total, ok
+
+
+def heads_with_outputs(attn: MultiHeadAttention, t, d: int) -> list:
+    """[(head, W_h at t or None)] of a multi-head attention."""
+    if attn.out is None:
+        return [(head, None) for head in attn.heads]
+    return [
+        (head, param_at(attn.out[h], t, f"out[{h}]", (d, d)))
+        for h, head in enumerate(attn.heads)
+    ]
