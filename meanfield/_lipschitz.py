@@ -53,21 +53,42 @@ def _measure(x, positions, weights) -> AbstractParticles:
     return MaskedParticles(x, positions, weights)
 
 
-@eqx.filter_jit
-def _power_iteration(attn, measure, u0, t, max_iter, tol, rtol, weighted):
+def _operators(attn, measure, t, weighted):
+    """(gram, apply): u -> M^T M u and u -> M u, M = diag(sqrt w) J diag(1/sqrt w).
+
+    M is J in the weighted norm (M = J unweighted). `jax.linearize` stores the
+    residuals of f once; the VJP is the linear transpose of the JVP.
+    """
     x = measure.x
-    # M = diag(sqrt w) J diag(1/sqrt w) is J in the weighted norm; M = J unweighted.
     sw = jnp.sqrt(measure.weights)[:, None] if weighted else jnp.ones_like(x[:, :1])
 
     def f(y):
         return attn.velocity(eqx.tree_at(lambda m: m.x, measure, y), t=t)
 
-    _, jvp = jax.linearize(f, x)  # residuals of f stored once, reused every step
+    _, jvp = jax.linearize(f, x)
     vjp = jax.linear_transpose(jvp, x)
 
-    def gram(u):  # M^T M u, with M u = sw J(u / sw) and M^T v = J^T(sw v) / sw
-        (back,) = vjp(sw**2 * jvp(u / sw))
+    def apply(u):
+        return sw * jvp(u / sw)
+
+    def gram(u):  # M^T v = J^T(sw v) / sw
+        (back,) = vjp(sw * apply(u))
         return back / sw
+
+    return gram, apply, sw
+
+
+def _result(apply, sw, u, iterations, converged, residual) -> LipschitzResult:
+    # The value at the final unit u (|M u|), not a Rayleigh quotient of the past.
+    return LipschitzResult(
+        jnp.linalg.norm(apply(u)), u / sw, iterations, converged, residual
+    )
+
+
+@eqx.filter_jit
+def _power_iteration(attn, measure, u0, t, max_iter, tol, rtol, weighted):
+    gram, apply, sw = _operators(attn, measure, t, weighted)
+    dtype = measure.x.dtype
 
     def body(state):
         u, rho, _, _, it = state
@@ -82,13 +103,70 @@ def _power_iteration(attn, measure, u0, t, max_iter, tol, rtol, weighted):
         return (it < max_iter) & (residual > tol) & ~stalled
 
     u0 = u0 / jnp.linalg.norm(u0)
-    inf = jnp.asarray(jnp.inf, x.dtype)
-    init = (u0, jnp.zeros((), x.dtype), inf, jnp.asarray(False), jnp.asarray(0))
+    inf = jnp.asarray(jnp.inf, dtype)
+    init = (u0, jnp.zeros((), dtype), inf, jnp.asarray(False), jnp.asarray(0))
     u, _, residual, stalled, it = jax.lax.while_loop(cond, body, init)
-    # The value at the final unit u (|M u|), not the previous Rayleigh quotient.
-    value = jnp.linalg.norm(sw * jvp(u / sw))
-    converged = (residual <= tol) | stalled
-    return LipschitzResult(value, u / sw, it, converged, residual)
+    return _result(apply, sw, u, it, (residual <= tol) | stalled, residual)
+
+
+@eqx.filter_jit
+def _lanczos(attn, measure, u0, t, max_iter, tol, rtol, weighted, krylov: int):
+    """Restarted Lanczos on M^T M, restarting from the top Ritz vector.
+
+    `krylov` products per cycle, with full reorthogonalisation.
+    """
+    gram, apply, sw = _operators(attn, measure, t, weighted)
+    dtype = measure.x.dtype
+    shape = measure.x.shape
+    tiny = jnp.finfo(dtype).tiny
+
+    def cycle(u):
+        basis = jnp.zeros((krylov + 1, *shape), dtype).at[0].set(u)
+
+        def step(j, carry):
+            basis, alpha, beta = carry
+            v = basis[j]
+            w = gram(v)
+            alpha = alpha.at[j].set(jnp.vdot(v, w))
+            # Full reorthogonalisation, twice (Kahan-Parlett): Krylov vectors lose
+            # orthogonality exactly when a Ritz value converges.
+            for _ in range(2):
+                w = w - jnp.tensordot(jnp.tensordot(basis, w, w.ndim), basis, 1)
+            b = jnp.linalg.norm(w)
+            beta = beta.at[j].set(b)
+            # Breakdown (invariant subspace found): the rest of the basis stays 0.
+            nxt = jnp.where(b > tiny, w / jnp.where(b > tiny, b, 1), 0)
+            return basis.at[j + 1].set(nxt), alpha, beta
+
+        zeros = jnp.zeros((krylov,), dtype)
+        basis, alpha, beta = jax.lax.fori_loop(0, krylov, step, (basis, zeros, zeros))
+        T = jnp.diag(alpha) + jnp.diag(beta[:-1], 1) + jnp.diag(beta[:-1], -1)
+        theta, S = jnp.linalg.eigh(T)
+        top = S[:, -1]
+        u = jnp.tensordot(top, basis[:-1], 1)
+        u = u / jnp.linalg.norm(u)
+        # Ritz residual |M^T M u - theta u| = beta_k |last entry of the Ritz vector|.
+        residual = beta[-1] * jnp.abs(top[-1]) / theta[-1]
+        return u, theta[-1], residual
+
+    def body(state):
+        u, rho, _, _, it = state
+        u, new_rho, residual = cycle(u)
+        stalled = jnp.abs(new_rho - rho) <= rtol * new_rho
+        return u, new_rho, residual, stalled, it + krylov
+
+    def cond(state):
+        _, _, residual, stalled, it = state
+        return (it < max_iter) & (residual > tol) & ~stalled
+
+    u0 = u0 / jnp.linalg.norm(u0)
+    inf = jnp.asarray(jnp.inf, dtype)
+    init = (u0, jnp.zeros((), dtype), inf, jnp.asarray(False), jnp.asarray(0))
+    u, _, residual, stalled, it = jax.lax.while_loop(cond, body, init)
+    return _result(apply, sw, u, it, (residual <= tol) | stalled, residual)
+
+
+METHODS = ("lanczos", "power")
 
 
 def local(
@@ -99,18 +177,27 @@ def local(
     weights: ArrayLike | None = None,
     key: PRNGKeyArray | None = None,
     t: float = 0.0,
-    max_iter: int = 1000,
-    tol: float = 1e-7,
-    rtol: float = 1e-12,
+    method: str = "lanczos",
+    max_iter: int = 2000,
+    tol: float = 1e-8,
+    rtol: float = 1e-13,
+    krylov: int = 16,
 ) -> LipschitzResult:
     """Local Lipschitz constant |D_X f|_2 of f(X)_i = Gamma_X(x_i) (self-attention).
 
-    Power iteration u <- J^T J u / |J^T J u| with `jax.linearize` + `linear_transpose`
-    (one JVP and one VJP per step; J is never formed, memory is that of one
-    linearised evaluation). Stops when the residual |J^T J u - rho u| <= tol rho
-    (rho = <u, J^T J u>) or when rho stalls, |Delta rho| <= rtol rho: at adversarial
-    inputs the top singular values nearly coincide, the residual stops shrinking,
-    and the value is still right (error <~ sqrt(rtol)).
+    Iterations on J^T J with `jax.linearize` + `linear_transpose` (one JVP and one
+    VJP per product; J is never formed, memory is that of one linearised
+    evaluation). method="power": u <- J^T J u / |J^T J u| (MATH.md s. 5).
+    method="lanczos" (default): the same products accelerated in their Krylov space,
+    `krylov` per cycle with full reorthogonalisation, restarted from the top Ritz
+    vector. At adversarial inputs the top singular values nearly coincide and power
+    iteration crawls: at the `adversarial` configuration (d = 2, R = 3) it stays
+    1.6e-5 (n = 64) to 2.3e-4 (n = 1024) below the true value after 1000
+    products; Lanczos converges there.
+
+    Stops when the residual |J^T J u - rho u| <= tol rho (rho = <u, J^T J u>; for
+    Lanczos the Ritz residual) or when rho stalls, |Delta rho| <= rtol rho (per
+    product for power, per cycle for Lanczos). The value is |J u| at the final u.
 
     Masked (positions given): the causal map of Castin et al., Def. 2.6. Weighted
     (weights given): the mean-field version at mu = sum_i w_i delta_{x_i}, the norm of
@@ -124,34 +211,43 @@ def local(
         weights: (n,) on the simplex for the weighted norm, else None (Euclidean).
         key: PRNG key of the random start; None means `jr.key(0)`.
         t: time at which time-dependent parameters are evaluated.
-        max_iter: iteration budget (`converged` False when it runs out).
+        method: "lanczos" or "power".
+        max_iter: budget of J^T J products (`converged` False when it runs out).
         tol: residual tolerance, relative to rho.
         rtol: stall tolerance on rho.
+        krylov: Lanczos products per cycle (memory: krylov + 1 copies of x).
 
     Returns:
-        `LipschitzResult` (value, direction, iterations, converged, residual).
+        `LipschitzResult` (value, direction, iterations = products, converged,
+        residual).
 
     Raises:
         ValueError: bad x / positions / weights (as for the measures), not an
-            attention.
+            attention, unknown method.
     """
     if not isinstance(attn, AbstractAttention):
         raise ValueError(
             f"`attn` must be a meanfield attention; got {type(attn).__name__}."
         )
+    if method not in METHODS:
+        raise ValueError(f"`method` must be one of {METHODS}; got {method!r}.")
     measure = _measure(x, positions, weights)
     key = jr.key(0) if key is None else key
-    u0 = jr.normal(key, measure.x.shape, measure.x.dtype)
-    return _power_iteration(
+    dtype = measure.x.dtype
+    u0 = jr.normal(key, measure.x.shape, dtype)
+    args = (
         attn,
         measure,
         u0,
-        jnp.asarray(t, measure.x.dtype),
+        jnp.asarray(t, dtype),
         max_iter,
-        jnp.asarray(tol, measure.x.dtype),
-        jnp.asarray(rtol, measure.x.dtype),
+        jnp.asarray(tol, dtype),
+        jnp.asarray(rtol, dtype),
         weights is not None,
     )
+    if method == "power":
+        return _power_iteration(*args)
+    return _lanczos(*args, krylov=int(krylov))
 
 
 def _softmax_heads(attn, name: str, t, d) -> list:

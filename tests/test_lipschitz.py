@@ -1,0 +1,216 @@
+"""Local Lipschitz constants of attention (Castin, Ablin & Peyre, "How Smooth Is
+Attention?", ICML 2024) and the mean-field bound of Geshkovski et al. (2023)."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+
+import meanfield as mf
+from meanfield._lipschitz_search import random_ball
+
+L = mf.lipschitz
+
+
+def dense_lipschitz(attn, x, positions=None, weights=None):
+    """sigma_max(diag(sqrt w) J diag(1/sqrt w)) from the dense jacfwd Jacobian."""
+    n, d = x.shape
+    if positions is None:
+        measure = mf.Particles(x, weights)
+    else:
+        measure = mf.MaskedParticles(x, positions, weights)
+
+    def f(y):
+        return attn.velocity(eqx.tree_at(lambda m: m.x, measure, y))
+
+    J = np.asarray(jax.jacfwd(f)(measure.x)).reshape(n * d, n * d)
+    sw = np.ones(n * d) if weights is None else np.repeat(np.sqrt(weights), d)
+    return np.linalg.svd(sw[:, None] * J / sw[None, :], compute_uv=False)[0]
+
+
+def _attentions(d, rng):
+    A, V = rng.normal(size=(d, d)), rng.normal(size=(d, d))
+    Q, K = rng.normal(size=(d, d)), rng.normal(size=(d, d))
+    return {
+        "softmax": mf.SoftmaxAttention(V, A=A),
+        "l2": mf.L2Attention(V, Q=0.5 * Q, K=0.5 * K),
+        "sinkhorn": mf.SinkhornAttention(V, A=A, tol=1e-12),
+        "multihead": mf.MultiHeadAttention(
+            [mf.SoftmaxAttention(V, A=A), mf.SoftmaxAttention(V.T, Q=Q, K=K)],
+            out=[0.5 * np.eye(d), rng.normal(size=(d, d))],
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", ["softmax", "l2", "sinkhorn", "multihead"])
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("method", ["lanczos", "power"])
+def test_local_matches_dense_jacobian(name, masked, weighted, method):
+    if name == "sinkhorn" and masked:
+        pytest.skip("Sinkhorn attention rejects masked measures")
+    rng = np.random.default_rng(0)
+    n, d = 24, 3
+    attn = _attentions(d, rng)[name]
+    x = rng.normal(size=(n, d))
+    positions = rng.permutation(n) / n if masked else None
+    weights = None
+    if weighted:
+        weights = rng.random(n) + 0.1
+        weights /= weights.sum()
+    res = L.local(attn, x, positions=positions, weights=weights, method=method)
+    assert bool(res.converged)
+    ref = dense_lipschitz(attn, x, positions, weights)
+    # Residual 1e-8 relative: the Rayleigh quotient is then exact to ~1e-16 / gap;
+    # the Sinkhorn fixed point (tol 1e-12) limits that family.
+    np.testing.assert_allclose(float(res), ref, rtol=1e-6)
+    # The direction is unit in the problem's norm and attains the value.
+    w = np.full(n, 1.0) if weights is None else weights
+    assert np.sum(w[:, None] * np.asarray(res.direction) ** 2) == pytest.approx(1.0)
+
+
+def test_uniform_weights_give_euclidean_value():
+    rng = np.random.default_rng(1)
+    attn = _attentions(2, rng)["softmax"]
+    x = rng.normal(size=(20, 2))
+    euclid = L.local(attn, x)
+    uniform = L.local(attn, x, weights=np.full(20, 1 / 20))
+    np.testing.assert_allclose(float(uniform), float(euclid), rtol=1e-10)
+
+
+def test_power_and_lanczos_agree_at_adversarial_input_up_to_the_cluster_width():
+    # Power iteration crawls inside the nearly coincident top singular values (MATH.md
+    # s. 5): it stays below, within their relative gap (< 1e-4 at n = 64).
+    attn = mf.SoftmaxAttention(jnp.eye(2), A=-jnp.eye(2))
+    x = L.adversarial(attn, 64, 3.0)
+    lanczos = L.local(attn, x)
+    power = L.local(attn, x, method="power", max_iter=300)
+    assert float(power) <= float(lanczos) * (1 + 1e-12)
+    assert float(power) >= float(lanczos) * (1 - 1e-4)
+    assert int(lanczos.iterations) < int(power.iterations)
+
+
+def test_masked_small_radius_tends_to_cesaro_norm():
+    # As R -> 0 masked attention (V = I) tends to the Cesaro average C_ij = 1/i,
+    # j <= i (MATH.md: norm 1.47 at n = 16), above the mean-field bound |V| = 1.
+    n, d = 16, 2
+    attn = mf.SoftmaxAttention(jnp.eye(d), A=jnp.eye(d))
+    x = 1e-4 * np.random.default_rng(2).normal(size=(n, d))
+    res = L.local(attn, x, positions=np.arange(n) / n)
+    C = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    cesaro = np.linalg.norm(C, 2)
+    assert cesaro == pytest.approx(1.47, abs=0.01)
+    # O(|A| R^2) = 1e-8 corrections.
+    np.testing.assert_allclose(float(res), cesaro, rtol=1e-6)
+    assert float(res) > float(L.meanfield_bound(attn, 1e-4))
+
+
+@pytest.mark.parametrize("R", [0.5, 1.5, 3.0])
+@pytest.mark.parametrize("n", [4, 32, 256])
+def test_upper_bound_never_exceeded(n, R, key):
+    rng = np.random.default_rng(3)
+    d = 3
+    A, V = rng.normal(size=(d, d)), rng.normal(size=(d, d))
+    for attn in (
+        mf.SoftmaxAttention(V, A=A),
+        mf.SoftmaxAttention(np.eye(d), A=-np.eye(d)),
+        mf.MultiHeadAttention(
+            [mf.SoftmaxAttention(V, A=A), mf.SoftmaxAttention(np.eye(d), A=A.T)],
+            out=[rng.normal(size=(d, d)), np.eye(d)],
+        ),
+    ):
+        bound = float(L.upper_bound(attn, n, R))
+        x = random_ball(key, n, d, R, jnp.float64)
+        inputs = [x]
+        if isinstance(attn, mf.SoftmaxAttention):
+            inputs.append(L.adversarial(attn, n, R))
+        for x in inputs:
+            assert float(L.local(attn, x)) <= bound
+            positions = np.arange(n) / n  # Thm 4.3: the same bound when masked
+            assert float(L.local(attn, x, positions=positions)) <= bound
+
+
+def _slope(ns, values):
+    return np.polyfit(np.log(ns), np.log(values), 1)[0]
+
+
+def test_adversarial_inputs_grow_like_sqrt_n(key):
+    # gamma = 1, R = 3: e^{2 gamma R^2} = 6.6e7 >> 4096, so the sqrt(n) regime holds
+    # on the whole range (MATH.md s. 5).
+    d, R = 2, 3.0
+    attn = mf.SoftmaxAttention(jnp.eye(d), A=-jnp.eye(d))
+    ns = 2 ** np.arange(4, 13)
+    adv = [float(L.local(attn, L.adversarial(attn, int(n), R))) for n in ns]
+    slope = _slope(ns, adv)
+    assert 0.45 <= slope <= 0.55
+    for n, value in zip(ns, adv, strict=True):
+        # Lanczos resolves the nearly coincident top singular values (a relative gap
+        # of 1e-5 to 1e-4 here): never below the proven lower bound, beyond rounding.
+        assert value >= float(L.lower_bound(attn, int(n), R)) * (1 - 1e-10)
+    rand = [
+        float(L.local(attn, random_ball(jr.fold_in(key, int(n)), int(n), d, R, float)))
+        for n in ns[:7]
+    ]
+    assert _slope(ns[:7], rand) < slope - 0.1
+
+
+def test_two_dirac_meanfield_configuration_grows_at_the_predicted_rate():
+    # Prop. 3.6: L >= (gamma/2) R^2 e^{gamma R^2}; ratio -> 1, excess ~ 1/(gamma R^2).
+    attn = mf.SoftmaxAttention(jnp.eye(2), A=-jnp.eye(2))  # gamma = 1
+    ratios = []
+    for R in (1.5, 2.0, 3.0, 4.0):
+        mu = L.meanfield_adversarial(attn, R)
+        value = float(L.local(attn, mu.x, weights=mu.weights))
+        rate = float(L.meanfield_adversarial_rate(attn, R))
+        ratios.append(value / rate)
+        assert 1 <= value / rate <= 1 + 2 / R**2
+    assert np.all(np.diff(ratios) < 0)
+
+
+def test_adversarial_search_beats_random_starts_and_respects_the_ball(key):
+    rng = np.random.default_rng(4)
+    d, n, R = 2, 16, 2.0
+    attn = mf.SoftmaxAttention(np.eye(d), A=rng.normal(size=(d, d)))
+    res = L.adversarial_search(attn, n, R, key=key, restarts=2, steps=60)
+    assert np.all(np.linalg.norm(np.asarray(res.x), axis=1) <= R * (1 + 1e-12))
+    start = np.asarray(res.history[:2, 0])  # objective at the random starts
+    assert float(res.value) > np.max(start)
+    assert float(res.value) >= float(res.heuristic) * (1 - 1e-6)
+    assert float(res.value) <= float(L.upper_bound(attn, n, R))
+    np.testing.assert_allclose(float(L.local(attn, res.x)), float(res.value))
+
+
+def test_meanfield_bound_softmax_formula():
+    V, A = np.diag([2.0, 0.5]), np.array([[0.0, 1.0], [-3.0, 0.0]])
+    attn = mf.SoftmaxAttention(V, A=A)
+    R = 0.7
+    expected = 2.0 * (1 + 3 * 3.0 * R**2) * np.exp(2 * 3.0 * R**2)
+    np.testing.assert_allclose(L.meanfield_bound(attn, R), expected, rtol=1e-12)
+    # The unmasked mean-field constant bounds the weighted (W2) local constant.
+    x = random_ball(jr.key(5), 12, 2, R, jnp.float64)
+    w = np.random.default_rng(5).random(12)
+    w /= w.sum()
+    assert float(L.local(attn, x, weights=w)) <= expected
+
+
+def test_bad_input_errors():
+    l2 = mf.L2Attention(np.eye(2), Q=np.eye(2), K=np.eye(2))
+    soft = mf.SoftmaxAttention(np.eye(2), A=np.eye(2))
+    with pytest.raises(ValueError, match="proved for softmax attention"):
+        L.upper_bound(l2, 8, 1.0)
+    with pytest.raises(ValueError, match="`n` must be a positive integer"):
+        L.upper_bound(soft, 0, 1.0)
+    with pytest.raises(ValueError, match="`R` must be > 0"):
+        L.upper_bound(soft, 4, -1.0)
+    with pytest.raises(ValueError, match="zero symmetric part"):
+        L.adversarial(mf.SoftmaxAttention(np.eye(2), A=[[0, 1], [-1, 0]]), 4, 1.0)
+    with pytest.raises(ValueError, match="single SoftmaxAttention"):
+        L.lower_bound(l2, 4, 1.0)
+    with pytest.raises(ValueError, match="`attn` must be a meanfield attention"):
+        L.local(np.eye(2), np.zeros((3, 2)))
+    with pytest.raises(ValueError, match="`weights` must be nonnegative"):
+        L.local(soft, np.zeros((2, 2)), weights=[1.5, -0.5])
+    with pytest.raises(ValueError, match="`positions` must lie in"):
+        L.local(soft, np.zeros((2, 2)), positions=[0.0, 2.0])
