@@ -78,25 +78,30 @@ def _operators(attn, measure, t, weighted):
     return gram, apply, sw
 
 
-def _result(apply, sw, u, iterations, converged, residual) -> LipschitzResult:
-    # The value at the final unit u (|M u|), not a Rayleigh quotient of the past.
+def _result(gram, apply, sw, u, iterations, stalled, tol) -> LipschitzResult:
+    # The value at the final unit u (|M u|), and its true residual: one more product.
+    g = gram(u)
+    rho = jnp.vdot(u, g)
+    residual = jnp.linalg.norm(g - rho * u) / rho
+    converged = (residual <= tol) | stalled
     return LipschitzResult(
-        jnp.linalg.norm(apply(u)), u / sw, iterations, converged, residual
+        jnp.linalg.norm(apply(u)), u / sw, iterations + 1, converged, residual
     )
 
 
-@eqx.filter_jit
-def _power_iteration(attn, measure, u0, t, max_iter, tol, rtol, weighted):
-    gram, apply, sw = _operators(attn, measure, t, weighted)
-    dtype = measure.x.dtype
+def _iterate(update, u0, products: int, max_iter, tol, rtol):
+    """Run `update(u) -> (u, rho, residual)` to convergence; (u, stalled, products).
+
+    Stops at residual <= tol, a stalled rho (|Delta rho| <= rtol rho) or `max_iter`
+    products (`products` per update).
+    """
+    dtype = u0.dtype
 
     def body(state):
         u, rho, _, _, it = state
-        g = gram(u)
-        new_rho = jnp.vdot(u, g)
-        residual = jnp.linalg.norm(g - new_rho * u) / new_rho
+        u, new_rho, residual = update(u)
         stalled = jnp.abs(new_rho - rho) <= rtol * new_rho
-        return g / jnp.linalg.norm(g), new_rho, residual, stalled, it + 1
+        return u, new_rho, residual, stalled, it + products
 
     def cond(state):
         _, _, residual, stalled, it = state
@@ -105,8 +110,21 @@ def _power_iteration(attn, measure, u0, t, max_iter, tol, rtol, weighted):
     u0 = u0 / jnp.linalg.norm(u0)
     inf = jnp.asarray(jnp.inf, dtype)
     init = (u0, jnp.zeros((), dtype), inf, jnp.asarray(False), jnp.asarray(0))
-    u, _, residual, stalled, it = jax.lax.while_loop(cond, body, init)
-    return _result(apply, sw, u, it, (residual <= tol) | stalled, residual)
+    u, _, _, stalled, it = jax.lax.while_loop(cond, body, init)
+    return u, stalled, it
+
+
+@eqx.filter_jit
+def _power_iteration(attn, measure, u0, t, max_iter, tol, rtol, weighted):
+    gram, apply, sw = _operators(attn, measure, t, weighted)
+
+    def update(u):
+        g = gram(u)
+        rho = jnp.vdot(u, g)
+        return g / jnp.linalg.norm(g), rho, jnp.linalg.norm(g - rho * u) / rho
+
+    u, stalled, it = _iterate(update, u0, 1, max_iter, tol, rtol)
+    return _result(gram, apply, sw, u, it, stalled, tol)
 
 
 @eqx.filter_jit
@@ -149,21 +167,8 @@ def _lanczos(attn, measure, u0, t, max_iter, tol, rtol, weighted, krylov: int):
         residual = beta[-1] * jnp.abs(top[-1]) / theta[-1]
         return u, theta[-1], residual
 
-    def body(state):
-        u, rho, _, _, it = state
-        u, new_rho, residual = cycle(u)
-        stalled = jnp.abs(new_rho - rho) <= rtol * new_rho
-        return u, new_rho, residual, stalled, it + krylov
-
-    def cond(state):
-        _, _, residual, stalled, it = state
-        return (it < max_iter) & (residual > tol) & ~stalled
-
-    u0 = u0 / jnp.linalg.norm(u0)
-    inf = jnp.asarray(jnp.inf, dtype)
-    init = (u0, jnp.zeros((), dtype), inf, jnp.asarray(False), jnp.asarray(0))
-    u, _, residual, stalled, it = jax.lax.while_loop(cond, body, init)
-    return _result(apply, sw, u, it, (residual <= tol) | stalled, residual)
+    u, stalled, it = _iterate(cycle, u0, krylov, max_iter, tol, rtol)
+    return _result(gram, apply, sw, u, it, stalled, tol)
 
 
 METHODS = ("lanczos", "power")
@@ -419,16 +424,3 @@ def meanfield_adversarial_rate(attn: AbstractAttention, R: float, *, t=0.0):
     head = _single_softmax(attn, "meanfield_adversarial")
     _, _, gamma = _direction(head, t, token_dim(head, t))
     return gamma / 2 * R**2 * jnp.exp(gamma * R**2)
-
-
-__all__ = [
-    "LipschitzResult",
-    "adversarial",
-    "local",
-    "lower_bound",
-    "meanfield_adversarial",
-    "meanfield_adversarial_rate",
-    "meanfield_bound",
-    "token_dim",
-    "upper_bound",
-]
