@@ -44,13 +44,20 @@ def _attentions(d, rng):
     }
 
 
-@pytest.mark.parametrize("name", ["softmax", "l2", "sinkhorn", "multihead"])
-@pytest.mark.parametrize("masked", [False, True])
+# Sinkhorn attention rejects masked measures (a causal doubly stochastic kernel is
+# the identity), so it runs unmasked only.
+FAMILIES_MASKED = [
+    (name, masked)
+    for name in ("softmax", "l2", "sinkhorn", "multihead")
+    for masked in (False, True)
+    if not (name == "sinkhorn" and masked)
+]
+
+
+@pytest.mark.parametrize(("name", "masked"), FAMILIES_MASKED)
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("method", ["lanczos", "power"])
 def test_local_matches_dense_jacobian(name, masked, weighted, method):
-    if name == "sinkhorn" and masked:
-        pytest.skip("Sinkhorn attention rejects masked measures")
     rng = np.random.default_rng(0)
     n, d = 24, 3
     attn = _attentions(d, rng)[name]
