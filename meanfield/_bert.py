@@ -33,6 +33,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 from ._attention.base import (
     AbstractKernelAttention,
     bilinear_features,
+    check_blocking,
     init_params,
     param_at,
 )
@@ -440,6 +441,9 @@ class BertHeadAttention(AbstractKernelAttention):
         Q: the head's query rows W_Q^h (k, d).
         K: the head's key rows W_K^h (k, d).
         q_bias: the head's query bias b_Q^h (k,); None for none.
+        blocking: "auto" (blocked above 2048^2 query-key pairs), "dense" or
+            "blocked" (O(block_size^2) memory, `_blocked`).
+        block_size: queries and keys per block of the blocked kernel.
 
     Raises:
         ValueError: shapes that do not match.
@@ -449,6 +453,8 @@ class BertHeadAttention(AbstractKernelAttention):
     Q: Param
     K: Param
     q_bias: Param | None
+    blocking: str = eqx.field(static=True)
+    block_size: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -457,8 +463,11 @@ class BertHeadAttention(AbstractKernelAttention):
         Q: ParamLike,
         K: ParamLike,
         q_bias: ParamLike | None = None,
+        blocking: str = "auto",
+        block_size: int = 512,
     ):
         self.V, _, self.Q, self.K = init_params(V, None, Q, K, "BertHeadAttention")
+        self.blocking, self.block_size = check_blocking(blocking, block_size)
         self.q_bias = as_param(q_bias, "q_bias")
         if not (self.q_bias is None or callable(self.q_bias) or callable(self.Q)):
             param_at(self.q_bias, 0.0, "q_bias", (self.Q.shape[0],))

@@ -10,11 +10,35 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
+from .. import _blocked
 from .._checks import as_float_array, check_finite, format_shape, shape_matches
 from .._custom_types import Param
 from .._measures import AbstractMeasure, AbstractParticles, MaskedParticles
 from .._params import as_param, at
 from . import _kernels
+
+#: How the (m, n) query-key interactions are evaluated.
+BLOCKING = ("auto", "dense", "blocked")
+#: "auto" switches to the blocked kernel above this many pairs m n (2048^2): below
+#: it the dense kernel is as fast or faster on CPU, above it the dense one becomes
+#: memory-bound (measurements in benchmarks/README.md).
+AUTO_BLOCKED_PAIRS = 2048 * 2048
+
+
+def check_blocking(blocking: str, block_size: int) -> tuple[str, int]:
+    """Validate the `blocking` / `block_size` options of an attention."""
+    if blocking not in BLOCKING:
+        raise ValueError(f"`blocking` must be one of {BLOCKING}; got {blocking!r}.")
+    if int(block_size) != block_size or block_size < 1:
+        raise ValueError(f"`block_size` must be an integer >= 1; got {block_size!r}.")
+    return blocking, int(block_size)
+
+
+def use_blocked(blocking: str, m: int, n: int) -> bool:
+    """Whether an (m queries) x (n keys) evaluation runs blocked."""
+    if blocking == "auto":
+        return m * n > AUTO_BLOCKED_PAIRS
+    return blocking == "blocked"
 
 
 def check_bilinear_args(A, Q, K, cls_name: str) -> None:
@@ -191,9 +215,13 @@ class AbstractKernelAttention(AbstractAttention):
 
     A family only supplies `features(z, x, t) -> (q, keys, key_bias)` with
     l_ij = <q_i, keys_j> + key_bias_j, the log-kernel up to per-row constants.
+    The evaluation is dense (one (m, n) logits matrix) or blocked (`_blocked`,
+    O(block_size^2) memory, masked key blocks skipped) by `blocking`.
     """
 
     V: eqx.AbstractVar[Param]
+    blocking: eqx.AbstractVar[str]
+    block_size: eqx.AbstractVar[int]
 
     @abc.abstractmethod
     def features(
@@ -207,10 +235,21 @@ class AbstractKernelAttention(AbstractAttention):
         q, keys, bias = self.features(z.astype(dtype), x, t)
         log_w = _kernels.log_weights(measure.weights.astype(dtype))
         bias = log_w if bias is None else bias + log_w
-        mask = _kernels.causal_mask(positions, key_positions(measure))
-        vel = _kernels.softmax_average(
-            _kernels.logits(q, keys, bias), values_at(self.V, t, x), mask
-        )
+        values = values_at(self.V, t, x)
+        if use_blocked(self.blocking, z.shape[0], x.shape[0]):
+            vel = _blocked.softmax_average(
+                q,
+                keys,
+                bias,
+                values,
+                positions,
+                key_positions(measure),
+                block_q=self.block_size,
+                block_k=self.block_size,
+            )
+        else:
+            mask = _kernels.causal_mask(positions, key_positions(measure))
+            vel = _kernels.softmax_average(_kernels.logits(q, keys, bias), values, mask)
         return vel, jnp.array(True)
 
 

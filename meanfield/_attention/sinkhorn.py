@@ -1,19 +1,25 @@
 """Sinkhorn (doubly stochastic) attention: Sinkformers (Sander et al., AISTATS 2022)."""
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import lineax as lx
 import optimistix as optx
 from jax.scipy.special import logsumexp
 from jaxtyping import Array, Bool, Float, Int
 
+from .. import _blocked
 from .._custom_types import Param, ParamLike
 from .._measures import AbstractParticles, MaskedParticles
 from . import _kernels
 from .base import (
     AbstractAttention,
     bilinear_features,
+    check_blocking,
     init_params,
+    use_blocked,
     values_at,
 )
 
@@ -42,17 +48,27 @@ class SinkhornPotentials(eqx.Module):
     converged: Bool[Array, ""]
 
 
-def _row_potential(logits, g, log_w):
-    # f_i = -logsumexp_j(l_ij + g_j + log w_j): normalise the rows.
-    return -logsumexp(logits + (g + log_w)[None, :], axis=1)
+def _row_potential(kernel, g, log_w, block):
+    # f_i = -logsumexp_j(l_ij + g_j + log w_j): normalise the rows. `kernel` is the
+    # logits matrix (dense, block None) or its features (q, keys, bias) (blocked).
+    if block is None:
+        return -logsumexp(kernel + (g + log_w)[None, :], axis=1)
+    q, keys, bias = kernel
+    return -_blocked.bilinear_logsumexp(
+        q, keys, bias + g + log_w, block_q=block, block_k=block
+    )
 
 
-def _column_potential(logits, f, log_w):
+def _column_potential(kernel, f, log_w, block):
     # g_j = -logsumexp_i(l_ij + f_i + log w_i): normalise the columns.
-    return -logsumexp(logits + (f + log_w)[:, None], axis=0)
+    if block is None:
+        return -logsumexp(kernel + (f + log_w)[:, None], axis=0)
+    q, keys, bias = kernel
+    lse = _blocked.bilinear_logsumexp(keys, q, f + log_w, block_q=block, block_k=block)
+    return -(lse + bias)
 
 
-def _sinkhorn_step(g, args):
+def _sinkhorn_step(g, args, block=None):
     """One column-then-row sweep, in the gauge sum_j w_j g_j = 0.
 
     The plain map T commutes with shifts, T(g + c) = T(g) + c, so its fixed points
@@ -61,8 +77,9 @@ def _sinkhorn_step(g, args):
     projected map is a true Sinkhorn fixed point: T(g) = g + c forces c = 0 because
     both marginals carry total mass 1.
     """
-    logits, log_w, w = args
-    g_new = _column_potential(logits, _row_potential(logits, g, log_w), log_w)
+    kernel, log_w, w = args
+    f = _row_potential(kernel, g, log_w, block)
+    g_new = _column_potential(kernel, f, log_w, block)
     return g_new - jnp.sum(w * g_new)
 
 
@@ -90,6 +107,11 @@ class SinkhornAttention(AbstractAttention):
         max_iter: maximum number of Sinkhorn iterations (>= 0).
         tol: stopping tolerance on the potentials; None means 1e-10 in float64 and
             1e-5 in float32 (about 100 ulps).
+        blocking: "auto" (blocked above 2048^2 pairs), "dense" or "blocked": the
+            row/column log-sum-exp passes and the final average run on `_blocked`
+            (O(block_size^2) memory), and the implicit adjoint uses matrix-free
+            GMRES instead of a dense solve.
+        block_size: queries and keys per block of the blocked kernel.
 
     Raises:
         ValueError: unknown kernel, bad parameters, or a `MaskedParticles` measure
@@ -103,6 +125,8 @@ class SinkhornAttention(AbstractAttention):
     kernel: str = eqx.field(static=True)
     max_iter: int = eqx.field(static=True)
     tol: float | None = eqx.field(static=True)
+    blocking: str = eqx.field(static=True)
+    block_size: int = eqx.field(static=True)
 
     def __init__(
         self,
@@ -114,6 +138,8 @@ class SinkhornAttention(AbstractAttention):
         kernel: str = "dot",
         max_iter: int = 1000,
         tol: float | None = None,
+        blocking: str = "auto",
+        block_size: int = 512,
     ):
         if kernel not in _KERNELS:
             raise ValueError(f"`kernel` must be one of {_KERNELS}; got {kernel!r}.")
@@ -125,6 +151,7 @@ class SinkhornAttention(AbstractAttention):
             raise ValueError(f"`tol` must be positive; got {tol!r}.")
         self.V, self.A, self.Q, self.K = init_params(V, A, Q, K, "SinkhornAttention")
         self.kernel, self.max_iter, self.tol = kernel, int(max_iter), tol
+        self.blocking, self.block_size = check_blocking(blocking, block_size)
 
     def _logit_features(self, z, x, t):
         q, keys = bilinear_features(self.A, self.Q, self.K, t, z, x)
@@ -156,14 +183,23 @@ class SinkhornAttention(AbstractAttention):
         x = measure.x.astype(dtype)
         w = measure.weights.astype(dtype)
         log_w = _kernels.log_weights(w)
-        logits = _kernels.logits(*self._logit_features(x, x, t))
+        q, keys, bias = self._logit_features(x, x, t)
+        n = x.shape[0]
+        if use_blocked(self.blocking, n, n):
+            block = self.block_size
+            kernel = (q, keys, jnp.zeros((n,), dtype) if bias is None else bias)
+            # (I - dT) is applied matrix-free; a dense solve would form n x n.
+            adjoint = optx.ImplicitAdjoint(lx.GMRES(rtol=1e-10, atol=1e-10))
+        else:
+            block, kernel = None, _kernels.logits(q, keys, bias)
+            adjoint = optx.ImplicitAdjoint()
         tol = self.tol
         if tol is None:
             tol = 1e-10 if dtype == jnp.float64 else 1e-5
         g = jnp.zeros_like(w)
         if self.max_iter > 0:
             sol = optx.fixed_point(
-                _sinkhorn_step,
+                functools.partial(_sinkhorn_step, block=block),
                 optx.FixedPointIteration(
                     # optimistix keeps its error in the default float dtype; a
                     # float32 state under x64 needs the tolerance there too.
@@ -172,17 +208,18 @@ class SinkhornAttention(AbstractAttention):
                     norm=optx.max_norm,
                 ),
                 g,
-                args=(logits, log_w, w),
+                args=(kernel, log_w, w),
                 max_steps=self.max_iter,
+                adjoint=adjoint,
                 throw=False,
             )
             g, iterations = sol.value, sol.stats["num_steps"]
             converged = sol.result == optx.RESULTS.successful
         else:
             iterations, converged = jnp.array(0), jnp.array(False)
-        f = _row_potential(logits, g, log_w)
-        col = jnp.exp(logits + (f + log_w)[:, None] + g[None, :])
-        col_sums = jnp.sum(col, axis=0)
+        f = _row_potential(kernel, g, log_w, block)
+        # Column sums of exp(l + f + g) with weights: exp(g_j - (column potential)_j).
+        col_sums = jnp.exp(g - _column_potential(kernel, f, log_w, block))
         marginal_error = jax.lax.stop_gradient(
             jnp.max(jnp.where(w > 0, jnp.abs(col_sums - 1), 0))
         )
@@ -200,9 +237,13 @@ class SinkhornAttention(AbstractAttention):
         )
         # Gamma(z) = sum_j w_j e^{l(z,x_j) + f(z) + g_j} V x_j, with f(z) the row
         # normalisation: a softmax with per-key bias g_j + log w_j.
-        vel = _kernels.softmax_average(
-            _kernels.logits(q, keys, bias), values_at(self.V, t, x)
-        )
+        values = values_at(self.V, t, x)
+        if use_blocked(self.blocking, z.shape[0], x.shape[0]):
+            vel = _blocked.softmax_average(
+                q, keys, bias, values, block_q=self.block_size, block_k=self.block_size
+            )
+        else:
+            vel = _kernels.softmax_average(_kernels.logits(q, keys, bias), values)
         # max_iter = 0 is softmax by definition, not a convergence failure.
         ok = pot.converged if self.max_iter > 0 else jnp.array(True)
         return vel, ok
