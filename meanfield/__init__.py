@@ -26,6 +26,7 @@ from ._measures import (
     Particles,
 )
 from ._params import PiecewiseConstant
+from ._sharding import particle_mesh, shard
 
 __version__ = "0.1.0"
 
@@ -54,6 +55,8 @@ __all__ = [
     "gaussian",
     "layers",
     "lipschitz",
+    "particle_mesh",
+    "shard",
     "simulate",
     "wasserstein",
 ]

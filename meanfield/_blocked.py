@@ -53,7 +53,14 @@ def _online(
     # Padded keys get bias -inf (and an invisible position): they add exp(-inf) = 0.
     k_blocks = _pad_rows(keys, block_k, 0).reshape(-1, block_k, *keys.shape[1:])
     b_blocks = _pad_rows(key_bias.astype(dtype), block_k, -jnp.inf).reshape(-1, block_k)
-    q_blocks = _pad_rows(queries, block_q, 0).reshape(-1, block_q, *queries.shape[1:])
+    # Query blocks in `groups` independent lanes (vmap) of sequential blocks
+    # (lax.map): with the particle axis sharded over G devices, each device runs
+    # its own lane; on one device there is a single lane.
+    groups = jax.device_count()
+    block_q = min(block_q, -(-n // groups))
+    q_blocks = _pad_rows(queries, block_q * groups, 0).reshape(
+        groups, -1, block_q, *queries.shape[1:]
+    )
     key_xs = [k_blocks, b_blocks]
     if with_values:
         key_xs.append(
@@ -61,9 +68,11 @@ def _online(
         )
     if masked:
         key_xs.append(_pad_rows(key_pos, block_k, jnp.inf).reshape(-1, block_k))
-        qp_blocks = _pad_rows(query_pos, block_q, -jnp.inf).reshape(-1, block_q)
+        qp_blocks = _pad_rows(query_pos, block_q * groups, -jnp.inf).reshape(
+            groups, -1, block_q
+        )
     else:
-        qp_blocks = jnp.zeros((q_blocks.shape[0], 0), dtype)
+        qp_blocks = jnp.zeros((*q_blocks.shape[:2], 0), dtype)
     # A finite initial maximum: exp(m_old - m_new) never sees inf - inf.
     lowest = jnp.finfo(dtype).min
 
@@ -100,7 +109,9 @@ def _online(
         carry, _ = jax.lax.scan(step, init, tuple(key_xs))
         return carry
 
-    run_max, run_sum, acc = jax.lax.map(one_query_block, (q_blocks, qp_blocks))
+    run_max, run_sum, acc = jax.vmap(lambda qs: jax.lax.map(one_query_block, qs))(
+        (q_blocks, qp_blocks)
+    )
     run_max, run_sum = run_max.reshape(-1)[:n], run_sum.reshape(-1)[:n]
     if not with_values:
         return run_max, run_sum, None
