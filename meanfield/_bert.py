@@ -443,7 +443,7 @@ class BertHeadAttention(AbstractKernelAttention):
         q_bias: the head's query bias b_Q^h (k,); None for none.
         blocking: "auto" (blocked above 2048^2 query-key pairs), "dense" or
             "blocked" (O(block_size^2) memory, `_blocked`).
-        block_size: queries and keys per block of the blocked kernel.
+        block_size: keys per block of the blocked kernel (queries: 4x as many).
 
     Raises:
         ValueError: shapes that do not match.

@@ -213,6 +213,35 @@ def _add_lipschitz(subparsers) -> None:
     p.set_defaults(func=_run_lipschitz)
 
 
+def _run_bench(args: argparse.Namespace) -> int:
+    if "matplotlib.pyplot" not in sys.modules:  # files only, never windows
+        import matplotlib
+
+        matplotlib.use("Agg")
+    from ._bench_report import main as bench_main
+
+    return bench_main(args.bench_args)
+
+
+def _add_bench(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="n-scaling benchmark of one softmax velocity evaluation",
+        description=(
+            "Times one softmax velocity evaluation (and a short fixed-step solve) "
+            "over n and d for naive NumPy, dense JAX, blocked JAX, "
+            "jax.nn.dot_product_attention and KeOps (when installed), against this "
+            "machine's floor measured in the same run; writes "
+            "nscaling_<device>.json and .png. Options (after `bench`): --ns, --ds, "
+            "--impls, --out, --quick, --config FILE.toml, --no-progress, ...; "
+            "`meanfield bench --help` lists them."
+        ),
+        add_help=False,
+    )
+    p.add_argument("bench_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_run_bench)
+
+
 def _parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -233,6 +262,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_demo(subparsers)
     _add_gaussian(subparsers)
     _add_lipschitz(subparsers)
+    _add_bench(subparsers)
     # List every command's options in `meanfield --help` too, from the
     # subparsers themselves so the text cannot go stale.
     usages = "".join(
@@ -253,6 +283,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         The exit code (0 on success). Invalid arguments exit with code 2
         (argparse's `SystemExit`).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        # `bench` owns its options (meanfield/_bench_report.py): pass them through.
+        return _run_bench(argparse.Namespace(bench_args=argv[1:]))
     args = _parser().parse_args(argv)
     return args.func(args)
 

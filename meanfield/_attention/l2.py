@@ -24,7 +24,7 @@ class L2Attention(AbstractKernelAttention):
         K: key matrix (k, d).
         blocking: "auto" (blocked above 2048^2 query-key pairs), "dense" or
             "blocked" (O(block_size^2) memory, `_blocked`).
-        block_size: queries and keys per block of the blocked kernel.
+        block_size: keys per block of the blocked kernel (queries: 4x as many).
     """
 
     V: Param

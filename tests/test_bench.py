@@ -1,0 +1,135 @@
+import math
+
+import numpy as np
+import pytest
+
+from meanfield import _bench
+
+
+@pytest.fixture(scope="module")
+def floor():
+    return _bench.measure_floor(repeats=1)
+
+
+@pytest.fixture(scope="module")
+def result(floor):
+    return _bench.run(
+        [64, 128],
+        [2],
+        ("numpy", "jax_dense", "jax_blocked"),
+        solve_steps=2,
+        solve_max_n=64,
+        repeats=1,
+        max_n={"numpy": 64},
+        floor=floor,
+        progress=False,
+    )
+
+
+def _record(result, impl, n):
+    (rec,) = [r for r in result["records"] if r["impl"] == impl and r["n"] == n]
+    return rec
+
+
+def test_records_are_timed_and_correct(result):
+    ok = [r for r in result["records"] if r["status"] == "ok"]
+    assert {(r["impl"], r["n"]) for r in ok} == {
+        ("numpy", 64),
+        ("jax_dense", 64),
+        ("jax_dense", 128),
+        ("jax_blocked", 64),
+        ("jax_blocked", 128),
+    }
+    for rec in ok:
+        assert rec["d"] == 2
+        assert rec["seconds"] > 0
+        assert math.isfinite(rec["interactions_per_second"])
+        assert rec["interactions_per_second"] == pytest.approx(
+            rec["n"] ** 2 / rec["seconds"]
+        )
+        assert 0 < rec["fraction_of_floor"] < math.inf
+        assert rec["peak_bytes"] > 0 and rec["peak_bytes_method"]
+        # float32 against the float64 reference
+        assert rec["rel_error"] < 1e-5
+    assert _record(result, "jax_blocked", 64)["compile_seconds"] > 0
+
+
+def test_skipped_records_carry_a_reason(result):
+    rec = _record(result, "numpy", 128)
+    assert rec["status"] == "skipped"
+    assert "max_n" in rec["reason"]
+    solve = _record(result, "jax_blocked", 128)["solve"]
+    assert solve["status"] == "skipped" and "solve_max_n" in solve["reason"]
+
+
+def test_solve_and_metadata(result):
+    solve = _record(result, "jax_blocked", 64)["solve"]
+    assert solve["status"] == "ok"
+    assert solve["steps"] == 2 and solve["seconds"] > 0
+    assert result["floor"]["end"] is None  # the floor was given
+    floor = result["floor"]["used"]
+    assert floor["exp_per_second"] > 0 and floor["matmul_flops_per_second"] > 0
+    assert result["environment"]["device"]["platform"]
+    assert result["environment"]["versions"]["jax"]
+    assert result["wall_seconds"] > 0
+
+
+def test_memory_and_time_budgets_skip(floor):
+    res = _bench.run(
+        [64, 256],
+        [2],
+        ("numpy", "jax_dense"),
+        solve_steps=0,
+        repeats=1,
+        max_bytes=2 * 128**2 * 4,  # room for n = 64, not for n = 256
+        max_seconds_per_case=1e-9,
+        floor=floor,
+        progress=False,
+    )
+    by = {(r["impl"], r["n"]): r for r in res["records"]}
+    assert by[("numpy", 64)]["status"] == "ok"
+    # the n = 256 NumPy case fails both budgets; the time projection comes first
+    assert by[("numpy", 256)]["status"] == "skipped"
+    assert "projected" in by[("numpy", 256)]["reason"]
+    assert by[("jax_dense", 256)]["status"] == "skipped"
+
+
+def test_reference_and_numpy_agree():
+    x, A, V = _bench.problem(300, 3)
+    rows = _bench.check_rows(300)
+    ref = _bench.reference_rows(x, A, V, rows, chunk=64)
+    got = _bench.numpy_velocity(x.astype(np.float64), A, V)[rows]
+    np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12)
+
+
+def test_measure_floor(floor):
+    for key in ("exp_per_second", "matmul_flops_per_second"):
+        assert 0 < floor[key] < math.inf
+    assert floor["exp_per_second"] == max(
+        floor["exp_elementwise_per_second"], floor["exp_fused_per_second"]
+    )
+    assert _bench.floor_seconds(1024, 16, floor) > 0
+
+
+def test_unknown_impl():
+    with pytest.raises(ValueError, match="unknown"):
+        _bench.run([64], [2], ("torch",), progress=False)
+
+
+def test_bench_command_writes_results_and_rejects_bad_config(tmp_path, capsys):
+    from meanfield.cli import main
+
+    good = tmp_path / "bench.toml"
+    good.write_text(
+        'ns = [64, 96]\nds = [2]\nimpls = ["numpy", "jax_blocked"]\n'
+        "repeats = 1\nsolve_steps = 2\n"
+    )
+    out = tmp_path / "out"
+    code = main(["bench", "--config", str(good), "--out", str(out), "--no-progress"])
+    assert code == 0
+    assert (out / "nscaling_cpu.json").exists() and (out / "nscaling_cpu.png").exists()
+    bad = tmp_path / "bad.toml"
+    bad.write_text("ns = [64]\nspeed = 3\n")
+    assert main(["bench", "--config", str(bad), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("meanfield bench: error: unknown key `speed`")
