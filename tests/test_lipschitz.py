@@ -54,9 +54,15 @@ FAMILIES_MASKED = [
 ]
 
 
-@pytest.mark.parametrize(("name", "masked"), FAMILIES_MASKED)
+# Lanczos (the default) on every family; power iteration on softmax (the loop and the
+# operator are shared, so one family exercises what differs).
+LOCAL_CASES = [(name, masked, "lanczos") for name, masked in FAMILIES_MASKED] + [
+    ("softmax", masked, "power") for masked in (False, True)
+]
+
+
+@pytest.mark.parametrize(("name", "masked", "method"), LOCAL_CASES)
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("method", ["lanczos", "power"])
 def test_local_matches_dense_jacobian(name, masked, weighted, method):
     rng = np.random.default_rng(0)
     n, d = 24, 3
@@ -114,8 +120,8 @@ def test_masked_small_radius_tends_to_cesaro_norm():
     assert float(res) > float(L.meanfield_bound(attn, 1e-4))
 
 
-@pytest.mark.parametrize("R", [0.5, 1.5, 3.0])
-@pytest.mark.parametrize("n", [4, 32, 256])
+@pytest.mark.parametrize("R", [0.5, 3.0])
+@pytest.mark.parametrize("n", [4, 256])
 def test_upper_bound_never_exceeded(n, R, key):
     rng = np.random.default_rng(3)
     d = 3
