@@ -50,7 +50,7 @@ def limits(items: list[str], parse) -> dict:
 
 
 def device_name() -> str:
-    """ "cpu" or the accelerator kind, as a file-name fragment."""
+    """Results name: cpu, or the accelerator kind as a file-name fragment."""
     device = jax.devices()[0]
     if device.platform == "cpu":
         return "cpu"

@@ -11,13 +11,20 @@ import time
 from collections.abc import Sequence
 
 
-def _run_demo(args: argparse.Namespace) -> int:
-    # Files only, never windows: select Agg, unless pyplot is already in use
-    # (main() called from a notebook or script that chose its backend).
+def _use_agg() -> None:
+    """Files only, never windows: select the Agg backend.
+
+    Unless pyplot is already in use (main() called from a notebook or a script that
+    chose its backend).
+    """
     if "matplotlib.pyplot" not in sys.modules:
         import matplotlib
 
         matplotlib.use("Agg")
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    _use_agg()
     from .demo import run_demo
 
     run_demo(args.out, n=args.n, seed=args.seed, progress=args.progress)
@@ -96,31 +103,38 @@ def _load_toml(path: str) -> dict:
         raise ValueError(f"invalid TOML in {path!r}: {err}") from err
 
 
-def _run_gaussian(args: argparse.Namespace) -> int:
-    from ._gaussian_report import format_summary, resolve_config
+def _run_configured(name: str, args, resolve, run, summarize) -> int:
+    """Shared body of the TOML-configured commands (gaussian, lipschitz).
 
-    # Configuration errors are the user's: one line on stderr, exit status 2
-    # (as argparse does for bad options), no traceback. Errors past this point
-    # are bugs and keep their traceback.
+    Configuration errors are the user's: one line on stderr, exit status 2 (as
+    argparse does for bad options), no traceback. Errors past this point are bugs
+    and keep their traceback.
+    """
     try:
         raw = _load_toml(args.config) if args.config is not None else {}
-        config = resolve_config(raw)
+        config = resolve(raw)
     except ValueError as err:
         message = " ".join(str(err).split())
-        print(f"meanfield gaussian: error: {message}", file=sys.stderr)
+        print(f"meanfield {name}: error: {message}", file=sys.stderr)
         return 2
-    # Files only, never windows (see _run_demo).
-    if "matplotlib.pyplot" not in sys.modules:
-        import matplotlib
-
-        matplotlib.use("Agg")
-    from ._gaussian_report import run_gaussian
-
+    _use_agg()
     start = time.perf_counter()
-    summary = run_gaussian(config, args.out, seed=args.seed, progress=args.progress)
-    print(format_summary(summary))
+    summary = run(config, args.out, seed=args.seed, progress=args.progress)
+    print(summarize(summary))
     print(f"wrote {args.out}/ in {time.perf_counter() - start:.1f} s")
     return 0
+
+
+def _run_gaussian(args: argparse.Namespace) -> int:
+    from . import _gaussian_report as report
+
+    return _run_configured(
+        "gaussian",
+        args,
+        report.resolve_config,
+        report.run_gaussian,
+        report.format_summary,
+    )
 
 
 def _add_gaussian(subparsers) -> None:
@@ -154,30 +168,17 @@ def _add_gaussian(subparsers) -> None:
 
 
 def _run_lipschitz(args: argparse.Namespace) -> int:
-    from ._lipschitz_report import check_real_model, format_summary, resolve_config
+    from . import _lipschitz_report as report
 
-    # As _run_gaussian: configuration errors (and a requested real model that is
-    # not installed) are one line on stderr with exit status 2, before any output.
-    try:
-        raw = _load_toml(args.config) if args.config is not None else {}
-        config = resolve_config(raw)
-        check_real_model(config)
-    except ValueError as err:
-        message = " ".join(str(err).split())
-        print(f"meanfield lipschitz: error: {message}", file=sys.stderr)
-        return 2
-    # Files only, never windows (see _run_demo).
-    if "matplotlib.pyplot" not in sys.modules:
-        import matplotlib
+    def resolve(raw):
+        # A requested real model that is not installed is a configuration error.
+        config = report.resolve_config(raw)
+        report.check_real_model(config)
+        return config
 
-        matplotlib.use("Agg")
-    from ._lipschitz_report import run_lipschitz
-
-    start = time.perf_counter()
-    summary = run_lipschitz(config, args.out, seed=args.seed, progress=args.progress)
-    print(format_summary(summary))
-    print(f"wrote {args.out}/ in {time.perf_counter() - start:.1f} s")
-    return 0
+    return _run_configured(
+        "lipschitz", args, resolve, report.run_lipschitz, report.format_summary
+    )
 
 
 def _add_lipschitz(subparsers) -> None:
@@ -214,10 +215,7 @@ def _add_lipschitz(subparsers) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    if "matplotlib.pyplot" not in sys.modules:  # files only, never windows
-        import matplotlib
-
-        matplotlib.use("Agg")
+    _use_agg()
     from ._bench_report import main as bench_main
 
     return bench_main(args.bench_args)

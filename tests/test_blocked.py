@@ -127,9 +127,10 @@ def test_blocked_memory_stays_small_where_dense_needs_gigabytes(masked):
         return stats.temp_size_in_bytes
 
     assert memory("dense") > 4 * 2**30
-    # O(n block + n d): measured 11 MiB (forward) and 37 MiB (gradient).
+    # O(n block + n d), 2048 x 512 tiles: measured 11 MiB (forward) and 134 MiB
+    # (gradient: the checkpointed key-block carries of one query lane per step).
     assert memory("blocked") < 64 * 2**20
-    assert memory("blocked", grad=True) < 128 * 2**20
+    assert memory("blocked", grad=True) < 256 * 2**20
 
 
 SHARDED_SCRIPT = textwrap.dedent(
