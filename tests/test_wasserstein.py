@@ -310,7 +310,18 @@ STABILITY_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(STABILITY_CASES))
+# The cases (softmax, L2, masked) run by default; the (Q, K) and multi-head
+# variants share their code paths and run with -m slow.
+SLOW_STABILITY = {"softmax_QK", "multihead"}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.slow) if name in SLOW_STABILITY else name
+        for name in STABILITY_CASES
+    ],
+)
 def test_stability_ratio_and_radius_within_bounds(name):
     attn, masked = STABILITY_CASES[name]
     mu0, nu0 = _pair(np.random.default_rng(13), 24, 2, masked)
