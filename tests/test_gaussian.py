@@ -344,6 +344,8 @@ def test_fast_exponential_l2_growth_is_not_a_blowup():
     assert np.linalg.norm(np.asarray(sol.cov[-1]), 2) > 1e8 * np.exp(2 * 5.0)
 
 
+# 37 s on 2 cores (a batched float32 study): a regression test, run with -m slow.
+@pytest.mark.slow
 def test_float32_study_has_no_false_sinkhorn_blowups():
     # Some float32 Sinkhorn runs get too stiff for the dtype (the step size collapses
     # while lambda_max plateaus): that is "failed", never "blowup".
