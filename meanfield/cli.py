@@ -41,6 +41,15 @@ def _at_least_two(text: str) -> int:
     return value
 
 
+def _add_config_option(p) -> None:
+    p.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help="TOML configuration; omitted keys take their defaults",
+    )
+
+
 def _add_common_options(p, *, out: str, seed_help: str) -> None:
     """--out, --seed and --no-progress, shared by every command."""
     p.add_argument(
@@ -153,12 +162,7 @@ def _add_gaussian(subparsers) -> None:
             "s_range = [min, max, count], r_range = [min, max, count], t_max."
         ),
     )
-    p.add_argument(
-        "--config",
-        metavar="FILE.toml",
-        default=None,
-        help="TOML configuration; omitted keys take their defaults",
-    )
+    _add_config_option(p)
     _add_common_options(
         p,
         out="out/gaussian",
@@ -200,12 +204,7 @@ def _add_lipschitz(subparsers) -> None:
             "real-model`; also writes real_model.png)."
         ),
     )
-    p.add_argument(
-        "--config",
-        metavar="FILE.toml",
-        default=None,
-        help="TOML configuration; omitted keys take their defaults",
-    )
+    _add_config_option(p)
     _add_common_options(
         p,
         out="out/lipschitz",

@@ -44,6 +44,25 @@ def use_blocked(blocking: str, m: int, n: int) -> bool:
     return blocking == "blocked"
 
 
+def softmax_average(
+    q, keys, bias, values, query_pos=None, key_pos=None, *, blocking, block_size
+) -> Float[Array, "m dv"]:
+    """sum_j softmax_j(<q_i, k_j> + b_j) v_j (over s_j <= s_i), dense or blocked."""
+    if use_blocked(blocking, q.shape[0], keys.shape[0]):
+        return _blocked.softmax_average(
+            q,
+            keys,
+            bias,
+            values,
+            query_pos,
+            key_pos,
+            block_q=QUERY_BLOCKS * block_size,
+            block_k=block_size,
+        )
+    mask = _kernels.causal_mask(query_pos, key_pos)
+    return _kernels.softmax_average(_kernels.logits(q, keys, bias), values, mask)
+
+
 def check_bilinear_args(A, Q, K, cls_name: str) -> None:
     """Exactly one of `A` or the pair (`Q`, `K`) must be given."""
     if A is not None and (Q is not None or K is not None):
@@ -238,21 +257,16 @@ class AbstractKernelAttention(AbstractAttention):
         q, keys, bias = self.features(z.astype(dtype), x, t)
         log_w = _kernels.log_weights(measure.weights.astype(dtype))
         bias = log_w if bias is None else bias + log_w
-        values = values_at(self.V, t, x)
-        if use_blocked(self.blocking, z.shape[0], x.shape[0]):
-            vel = _blocked.softmax_average(
-                q,
-                keys,
-                bias,
-                values,
-                positions,
-                key_positions(measure),
-                block_q=QUERY_BLOCKS * self.block_size,
-                block_k=self.block_size,
-            )
-        else:
-            mask = _kernels.causal_mask(positions, key_positions(measure))
-            vel = _kernels.softmax_average(_kernels.logits(q, keys, bias), values, mask)
+        vel = softmax_average(
+            q,
+            keys,
+            bias,
+            values_at(self.V, t, x),
+            positions,
+            key_positions(measure),
+            blocking=self.blocking,
+            block_size=self.block_size,
+        )
         return vel, jnp.array(True)
 
 

@@ -20,6 +20,7 @@ from .base import (
     bilinear_features,
     check_blocking,
     init_params,
+    softmax_average,
     use_blocked,
     values_at,
 )
@@ -240,18 +241,14 @@ class SinkhornAttention(AbstractAttention):
         )
         # Gamma(z) = sum_j w_j e^{l(z,x_j) + f(z) + g_j} V x_j, with f(z) the row
         # normalisation: a softmax with per-key bias g_j + log w_j.
-        values = values_at(self.V, t, x)
-        if use_blocked(self.blocking, z.shape[0], x.shape[0]):
-            vel = _blocked.softmax_average(
-                q,
-                keys,
-                bias,
-                values,
-                block_q=QUERY_BLOCKS * self.block_size,
-                block_k=self.block_size,
-            )
-        else:
-            vel = _kernels.softmax_average(_kernels.logits(q, keys, bias), values)
+        vel = softmax_average(
+            q,
+            keys,
+            bias,
+            values_at(self.V, t, x),
+            blocking=self.blocking,
+            block_size=self.block_size,
+        )
         # max_iter = 0 is softmax by definition, not a convergence failure.
         ok = pot.converged if self.max_iter > 0 else jnp.array(True)
         return vel, ok
