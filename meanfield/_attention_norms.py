@@ -9,7 +9,7 @@ osc_y phi <= c_o R^2. Derivation in `_stability`'s module docstring.
 import jax
 import jax.numpy as jnp
 
-from ._attention.base import param_at
+from ._attention.base import interaction_matrix, param_at
 from ._attention.l2 import L2Attention
 from ._attention.multihead import MultiHeadAttention, heads_with_outputs
 from ._attention.softmax import SoftmaxAttention
@@ -52,10 +52,7 @@ def kernel_constants(head, t, d) -> tuple | None:
 
 def interaction_norm(head, t, d) -> jax.Array:
     """|A|_2 of a softmax head, A = K^T Q when given as (Q, K)."""
-    if head.A is not None:
-        return norm2(param_at(head.A, t, "A", (d, d)))
-    Q = param_at(head.Q, t, "Q", (None, d))
-    return norm2(param_at(head.K, t, "K", (Q.shape[0], d)).T @ Q)
+    return norm2(interaction_matrix(head, t, d))
 
 
 def meanfield_lipschitz(attn, R, t, d, hardy: float = 1.0) -> jax.Array:

@@ -14,7 +14,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from . import _status
-from ._attention.base import AbstractAttention, param_at
+from ._attention.base import AbstractAttention, interaction_matrix, param_at
 from ._attention.l2 import L2Attention
 from ._attention.multihead import MultiHeadAttention, heads_with_outputs
 from ._attention.softmax import SoftmaxAttention
@@ -23,7 +23,6 @@ from ._dynamics import save_times
 from ._gaussian_velocity import (
     _affine,
     check_supported,
-    interaction_matrix,
     safe_eigh,
 )
 from ._measures import Gaussian

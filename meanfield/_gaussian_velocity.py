@@ -8,7 +8,7 @@ field and mu(t) stays Gaussian (Castin, Ablin, Carrillo & Peyre, 2025).
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._attention.base import AbstractAttention, param_at
+from ._attention.base import AbstractAttention, interaction_matrix, param_at
 from ._attention.l2 import L2Attention
 from ._attention.multihead import MultiHeadAttention, heads_with_outputs
 from ._attention.sinkhorn import SinkhornAttention
@@ -34,15 +34,6 @@ def check_supported(attn, d: int) -> None:
                 "only softmax, L2, Sinkhorn and multi-head sums of these keep a "
                 "Gaussian Gaussian (masked measures and unnormalised kernels do not)."
             )
-
-
-def interaction_matrix(attn, t, d: int) -> Float[Array, "d d"]:
-    """A = K^T Q at time t (or the given A)."""
-    if getattr(attn, "A", None) is not None:
-        return param_at(attn.A, t, "A", (d, d))
-    Q = param_at(attn.Q, t, "Q", (None, d))
-    K = param_at(attn.K, t, "K", (Q.shape[0], d))
-    return K.T @ Q
 
 
 def safe_eigh(S: Float[Array, "d d"]):

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
-from ._attention.base import AbstractAttention, param_at
+from ._attention.base import AbstractAttention, interaction_matrix, param_at
 from ._attention.multihead import MultiHeadAttention
 from ._attention.softmax import SoftmaxAttention
 from ._attention_norms import (
@@ -342,11 +342,7 @@ def _direction(attn: SoftmaxAttention, t, d):
     lambda = <A u, u> ranges over the numerical range of A, i.e. the eigenvalues of
     its symmetric part: the extreme eigenvectors are the best u.
     """
-    if attn.A is not None:
-        A = param_at(attn.A, t, "A", (d, d))
-    else:
-        Q = param_at(attn.Q, t, "Q", (None, d))
-        A = param_at(attn.K, t, "K", (Q.shape[0], d)).T @ Q
+    A = interaction_matrix(attn, t, d)
     lam, U = jnp.linalg.eigh((A + A.T) / 2)
     neg, pos = -lam[0], lam[-1] / 8
     use_neg = neg >= pos

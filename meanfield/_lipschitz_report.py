@@ -25,7 +25,7 @@ import numpy as np
 
 from . import _bert, _io, plotting
 from ._attention.softmax import SoftmaxAttention
-from ._gaussian_report import _check_keys, _matrix, _number, _short
+from ._gaussian_report import _check_keys, _fmt, _matrix, _number, _short
 from ._lipschitz_study import real_model_study, scaling_study
 
 DEFAULTS: dict = {
@@ -227,15 +227,6 @@ def _save(fig, path: Path) -> None:
         _io.savefig_atomic(fig, path, dpi=150, bbox_inches="tight")
     finally:
         plt.close(fig)  # pyplot keeps every open figure alive otherwise
-
-
-def _fmt(matrix) -> str:
-    rows = np.atleast_2d(np.asarray(matrix, float))
-    return (
-        "["
-        + ", ".join("[" + ", ".join(f"{v:.3g}" for v in row) + "]" for row in rows)
-        + "]"
-    )
 
 
 def run_lipschitz(

@@ -96,6 +96,15 @@ def bilinear_features(
     return z @ q.T, x @ k.T
 
 
+def interaction_matrix(attn, t, d: int) -> Float[Array, "d d"]:
+    """A = K^T Q at time t (or the given A)."""
+    if getattr(attn, "A", None) is not None:
+        return param_at(attn.A, t, "A", (d, d))
+    Q = param_at(attn.Q, t, "Q", (None, d))
+    K = param_at(attn.K, t, "K", (Q.shape[0], d))
+    return K.T @ Q
+
+
 def values_at(V, t, x) -> Float[Array, "n d"]:
     """v_j = V x_j for every atom."""
     d = x.shape[-1]
