@@ -251,15 +251,62 @@ def simulate(
         raise ValueError("fixed-step `solver` needs a step size: pass `dt0`.")
     if dt0 is not None and not float(dt0) > 0:
         raise ValueError(f"`dt0` must be positive; got {dt0}.")
+    dtype = measure.x.dtype
+    # Times as arrays of the state's dtype (diffrax promotes the state to the time
+    # dtype): traced by the jitted solve, so a new [t0, t1] (a resumed segment)
+    # reuses the compiled solve instead of retracing it.
+    t0_, t1_ = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+    user_save = save_times(saveat, t0, t1, dtype)
+    # A step below 100 ulps of t cannot resolve the solution (see _solve).
+    dtmin = 100 * jnp.finfo(dtype).eps * jnp.maximum(jnp.maximum(abs(t0_), abs(t1_)), 1)
+    return _solve(
+        measure,
+        attn,
+        t0_,
+        t1_,
+        user_save,
+        None if dt0 is None else jnp.asarray(dt0, dtype),
+        dtmin,
+        solver=solver,
+        rtol=float(rtol),
+        atol=float(atol),
+        max_steps=int(max_steps),
+        normalization=normalization,
+        log_radius=math.log(blowup_radius),
+        progress=bool(progress),
+        adjoint=adjoint,
+    )
+
+
+@eqx.filter_jit
+def _solve(
+    measure,
+    attn,
+    t0,
+    t1,
+    user_save,
+    dt0,
+    dtmin,
+    *,
+    solver,
+    rtol,
+    atol,
+    max_steps,
+    normalization,
+    log_radius,
+    progress,
+    adjoint,
+) -> Solution:
+    """The diffrax solve of `simulate` (arguments validated there).
+
+    Jitted once per (measure/attention structure, shapes, options): t0, t1, dt0 and
+    the save times are traced arrays.
+    """
     x0 = measure.x
     dtype = x0.dtype
-    # Time in the state's dtype: diffrax promotes the state to the time dtype.
-    t0_, t1_ = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
     # diffrax's event code compares condition values with a Python 0.0 inside a
     # lax.cond, so they must be in the default float dtype (float64 under x64).
     cond_dtype = jnp.result_type(float)
-
-    user_save = save_times(saveat, t0, t1, dtype)
     # Always also save the final state: it tells where an early stop happened.
     save = dfx.SaveAt(subs=(user_save, dfx.SubSaveAt(t1=True)))
 
@@ -270,7 +317,6 @@ def simulate(
         # A step below 100 ulps of t cannot resolve the solution: near a blow-up
         # whose velocity changes faster than |x| does (super-exponential growth),
         # the e-folding rule may not fire first. Stop there and report a blow-up.
-        dtmin = 100 * float(jnp.finfo(dtype).eps) * max(abs(t0), abs(t1), 1.0)
         controller = dfx.PIDController(
             rtol=rtol,
             atol=atol,
@@ -278,7 +324,6 @@ def simulate(
             dtmin=dtmin,
             force_dtmin=False,
         )
-    log_radius = math.log(blowup_radius)
     tiny = jnp.finfo(dtype).tiny
 
     def radius_crossed(t, y, args, **kwargs):
@@ -302,17 +347,15 @@ def simulate(
     )
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
     sol = dfx.diffeqsolve(
-        dfx.ODETerm(
-            _velocity_field(attn, measure, normalization, float(t1 - t0), dtype)
-        ),
+        dfx.ODETerm(_velocity_field(attn, measure, normalization, t1 - t0, dtype)),
         solver,
-        t0_,
-        t1_,
-        None if dt0 is None else jnp.asarray(dt0, dtype),
+        t0,
+        t1,
+        dt0,
         (x0, jnp.zeros(2, dtype)),
         saveat=save,
         stepsize_controller=controller,
-        max_steps=int(max_steps),
+        max_steps=max_steps,
         event=event,
         throw=False,
         progress_meter=meter,
