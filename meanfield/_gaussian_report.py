@@ -26,6 +26,7 @@ from . import _io, _status, plotting
 from ._attention.l2 import L2Attention
 from ._attention.sinkhorn import SinkhornAttention
 from ._attention.softmax import SoftmaxAttention
+from ._config import check_keys, is_number, matrix, number, short
 from ._gaussian_ode import blowup_time as closed_form_blowup_time
 from ._gaussian_ode import simulate
 from ._gaussian_study import blowup_times
@@ -55,82 +56,23 @@ DEFAULTS: dict = {
 }
 
 
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _is_number(value) -> bool:
-    # bool is an int subclass; `true` in a config is not a number.
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _number(value, key: str, *, positive: bool = False) -> float:
-    if not _is_number(value) or not math.isfinite(value):
-        raise ValueError(f"`{key}` must be a finite number; got {_short(value)}.")
-    if positive and not value > 0:
-        raise ValueError(f"`{key}` must be positive; got {value!r}.")
-    return float(value)
-
-
-def _matrix(value, key: str, rows: int | None, cols: int) -> list[list[float]]:
-    """A list of lists of numbers with the given shape (rows None: any >= 1)."""
-    ok = (
-        isinstance(value, list)
-        and len(value) > 0
-        and all(isinstance(row, list) for row in value)
-        and all(_is_number(v) and math.isfinite(v) for row in value for v in row)
-    )
-    if not ok:
-        raise ValueError(
-            f"`{key}` must be a matrix (a list of lists of finite numbers); "
-            f"got {_short(value)}."
-        )
-    lengths = sorted({len(row) for row in value})
-    want_rows = "k" if rows is None else rows
-    if (rows is not None and len(value) != rows) or lengths != [cols]:
-        got = (
-            f"shape ({len(value)}, {lengths[0]})"
-            if len(lengths) == 1
-            else f"rows of lengths {lengths}"
-        )
-        raise ValueError(f"`{key}` must have shape ({want_rows}, {cols}); got {got}.")
-    return [[float(v) for v in row] for row in value]
-
-
 def _range(value, key: str) -> list:
     ok = (
         isinstance(value, list)
         and len(value) == 3
-        and all(_is_number(v) and math.isfinite(v) for v in value)
+        and all(is_number(v) and math.isfinite(v) for v in value)
         and isinstance(value[2], int)
     )
     if not ok:
         raise ValueError(
-            f"`{key}` must be [min, max, count] (count an integer); "
-            f"got {_short(value)}."
+            f"`{key}` must be [min, max, count] (count an integer); got {short(value)}."
         )
     lo, hi, count = value
     if not lo < hi or count < 2:
         raise ValueError(
-            f"`{key}` must have min < max and count >= 2; got {_short(value)}."
+            f"`{key}` must have min < max and count >= 2; got {short(value)}."
         )
     return [float(lo), float(hi), int(count)]
-
-
-def _check_keys(config, allowed, table: str | None) -> None:
-    """Unknown keys of the top level (table None) or of a [table]."""
-    where = "the configuration" if table is None else f"the [{table}] table"
-    if not isinstance(config, dict):
-        name = "the configuration" if table is None else f"`{table}`"
-        raise ValueError(f"{name} must be a table; got {_short(config)}.")
-    for key in config:
-        if key not in allowed:
-            name = key if table is None else f"{table}.{key}"
-            raise ValueError(
-                f"unknown key `{name}` in {where}; expected one of "
-                f"{', '.join(allowed)}."
-            )
 
 
 def resolve_config(config: dict | None) -> dict:
@@ -151,20 +93,18 @@ def resolve_config(config: dict | None) -> dict:
             names the key.
     """
     config = {} if config is None else config
-    _check_keys(config, DEFAULTS, None)
+    check_keys(config, DEFAULTS, None)
     phase_in = config.get("phase", {})
-    _check_keys(phase_in, DEFAULTS["phase"], "phase")
+    check_keys(phase_in, DEFAULTS["phase"], "phase")
     merged = {**DEFAULTS, **config, "phase": {**DEFAULTS["phase"], **phase_in}}
 
     mean = merged["mean"]
     if (
         not isinstance(mean, list)
         or not mean
-        or not all(_is_number(v) and math.isfinite(v) for v in mean)
+        or not all(is_number(v) and math.isfinite(v) for v in mean)
     ):
-        raise ValueError(
-            f"`mean` must be a list of finite numbers; got {_short(mean)}."
-        )
+        raise ValueError(f"`mean` must be a list of finite numbers; got {short(mean)}.")
     if len(mean) != 2:
         raise ValueError(
             f"`mean` must have 2 entries (the figures are planar, d = 2); "
@@ -172,7 +112,7 @@ def resolve_config(config: dict | None) -> dict:
         )
     d = 2
     out = {"mean": [float(v) for v in mean]}
-    cov = _matrix(merged["cov"], "cov", d, d)
+    cov = matrix(merged["cov"], "cov", d, d)
     C = np.asarray(cov)
     scale = max(float(np.abs(C).max()), 1e-300)
     if np.abs(C - C.T).max() > 1e-12 * scale:
@@ -183,15 +123,15 @@ def resolve_config(config: dict | None) -> dict:
             f"`cov` must be positive definite; got eigenvalues {lam.round(6).tolist()}."
         )
     out["cov"] = cov
-    out["t1"] = _number(merged["t1"], "t1", positive=True)
-    out["V"] = _matrix(merged["V"], "V", d, d)
-    out["Q"] = _matrix(merged["Q"], "Q", None, d)
-    out["K"] = _matrix(merged["K"], "K", len(out["Q"]), d)
+    out["t1"] = number(merged["t1"], "t1", positive=True)
+    out["V"] = matrix(merged["V"], "V", d, d)
+    out["Q"] = matrix(merged["Q"], "Q", None, d)
+    out["K"] = matrix(merged["K"], "K", len(out["Q"]), d)
     phase = merged["phase"]
     out["phase"] = {
         "s_range": _range(phase["s_range"], "phase.s_range"),
         "r_range": _range(phase["r_range"], "phase.r_range"),
-        "t_max": _number(phase["t_max"], "phase.t_max", positive=True),
+        "t_max": number(phase["t_max"], "phase.t_max", positive=True),
     }
     return out
 

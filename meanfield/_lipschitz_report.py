@@ -25,7 +25,8 @@ import numpy as np
 
 from . import _bert, _io, plotting
 from ._attention.softmax import SoftmaxAttention
-from ._gaussian_report import _check_keys, _fmt, _matrix, _number, _short
+from ._config import check_keys, int_list, integer, matrix, number, short, square
+from ._gaussian_report import _fmt
 from ._lipschitz_study import real_model_study, scaling_study
 
 DEFAULTS: dict = {
@@ -63,42 +64,6 @@ DTYPES = ("float32", "float64")
 INSTALL_HINT = "run `make real-model` (extra `real-model`)"
 
 
-def _int(value, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"`{key}` must be an integer >= {minimum}; got {_short(value)}."
-        )
-    return value
-
-
-def _int_list(value, key: str, minimum: int, min_len: int = 1) -> list[int]:
-    """A strictly increasing list of at least `min_len` integers >= `minimum`."""
-    ok = (
-        isinstance(value, list)
-        and len(value) >= min_len
-        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-        and all(v >= minimum for v in value)
-        and all(a < b for a, b in zip(value, value[1:], strict=False))
-    )
-    if not ok:
-        raise ValueError(
-            f"`{key}` must be a strictly increasing list of at least {min_len} "
-            f"integers >= {minimum}; got {_short(value)}."
-        )
-    return list(value)
-
-
-def _square(value, key: str) -> list[list[float]]:
-    first = value[0] if isinstance(value, list) and value else None
-    matrix = _matrix(value, key, None, len(first) if isinstance(first, list) else 0)
-    if len(matrix) != len(matrix[0]):
-        raise ValueError(
-            f"`{key}` must be square (d, d); got shape "
-            f"({len(matrix)}, {len(matrix[0])})."
-        )
-    return matrix
-
-
 def resolve_config(config: dict | None) -> dict:
     """Validate a configuration and fill in the defaults.
 
@@ -120,50 +85,49 @@ def resolve_config(config: dict | None) -> dict:
             names the key.
     """
     config = {} if config is None else config
-    _check_keys(config, DEFAULTS, None)
+    check_keys(config, DEFAULTS, None)
     tables = {}
     for table in ("search", "real_model"):
         tables[table] = config.get(table, {})
-        _check_keys(tables[table], DEFAULTS[table], table)
+        check_keys(tables[table], DEFAULTS[table], table)
     merged = {**DEFAULTS, **config}
-    out = {"A": _square(merged["A"], "A")}
+    out = {"A": square(merged["A"], "A")}
     d = len(out["A"])
     V = merged["V"]
-    out["V"] = np.eye(d).tolist() if V is None else _matrix(V, "V", d, d)
-    out["R"] = _number(merged["R"], "R", positive=True)
-    out["ns"] = _int_list(merged["ns"], "ns", 2, min_len=2)
+    out["V"] = np.eye(d).tolist() if V is None else matrix(V, "V", d, d)
+    out["R"] = number(merged["R"], "R", positive=True)
+    out["ns"] = int_list(merged["ns"], "ns", 2, min_len=2)
 
     search = {**DEFAULTS["search"], **tables["search"]}
     lr = search["learning_rate"]
     out["search"] = {
-        "max_n": _int(search["max_n"], "search.max_n", 0),
-        "restarts": _int(search["restarts"], "search.restarts", 1),
-        "steps": _int(search["steps"], "search.steps", 1),
-        "inner": _int(search["inner"], "search.inner", 1),
+        "max_n": integer(search["max_n"], "search.max_n", 0),
+        "restarts": integer(search["restarts"], "search.restarts", 1),
+        "steps": integer(search["steps"], "search.steps", 1),
+        "inner": integer(search["inner"], "search.inner", 1),
         "learning_rate": (
             0.02 * out["R"]
             if lr is None
-            else _number(lr, "search.learning_rate", positive=True)
+            else number(lr, "search.learning_rate", positive=True)
         ),
     }
 
     real = {**DEFAULTS["real_model"], **tables["real_model"]}
     if not isinstance(real["enabled"], bool):
         raise ValueError(
-            "`real_model.enabled` must be true or false; got "
-            f"{_short(real['enabled'])}."
+            f"`real_model.enabled` must be true or false; got {short(real['enabled'])}."
         )
     layers = real["layers"]
     if layers is not None:
-        layers = _int_list(layers, "real_model.layers", 0)
+        layers = int_list(layers, "real_model.layers", 0)
     if real["dtype"] not in DTYPES:
         raise ValueError(
             f"`real_model.dtype` must be one of {', '.join(DTYPES)}; "
-            f"got {_short(real['dtype'])}."
+            f"got {short(real['dtype'])}."
         )
     out["real_model"] = {
         "enabled": real["enabled"],
-        "lengths": _int_list(real["lengths"], "real_model.lengths", 1, min_len=2),
+        "lengths": int_list(real["lengths"], "real_model.lengths", 1, min_len=2),
         "layers": layers,
         "dtype": real["dtype"],
     }

@@ -113,7 +113,7 @@ def _load_toml(path: str) -> dict:
 
 
 def _run_configured(name: str, args, resolve, run, summarize) -> int:
-    """Shared body of the TOML-configured commands (gaussian, lipschitz).
+    """Shared body of the TOML-configured commands (simulate, gaussian, lipschitz).
 
     Configuration errors are the user's: one line on stderr, exit status 2 (as
     argparse does for bad options), no traceback. Errors past this point are bugs
@@ -213,6 +213,64 @@ def _add_lipschitz(subparsers) -> None:
     p.set_defaults(func=_run_lipschitz)
 
 
+def _run_simulate(args: argparse.Namespace) -> int:
+    from . import _simulate_report as report
+
+    def resolve(raw):
+        # A checkpoint of another run in --out is a configuration error.
+        config = report.resolve_config(raw)
+        if args.resume:
+            report.check_resume(config, args.out, args.seed)
+        return config
+
+    def run(config, out, *, seed, progress):
+        return report.run_simulate(
+            config, out, seed=seed, progress=progress, resume=args.resume
+        )
+
+    try:
+        return _run_configured("simulate", args, resolve, run, report.format_summary)
+    except KeyboardInterrupt:
+        print(
+            f"meanfield simulate: interrupted; the last checkpoint is in {args.out}/"
+            f"{report.CHECKPOINT}: rerun with --resume to continue",
+            file=sys.stderr,
+        )
+        return 130
+
+
+def _add_simulate(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="particle dynamics from a configuration (checkpointed, --resume)",
+        description=(
+            "Integrates n tokens under self-attention (Geshkovski, Letrouit, "
+            "Polyanskiy & Rigollet, 2023; Castin, Ablin, Carrillo & Peyre, 2025) "
+            "on the sphere or in R^d, counts clusters over time (of e^{-tV} x in "
+            "R^d) and writes trajectories.png, clusters.png, radius.png (R^d), "
+            "tokens.gif (or .mp4), trajectory.npz, manifest.json and "
+            "checkpoint.npz (after every segment), and prints a short summary. "
+            "Configuration keys (TOML, all optional): n, d, t1, saves, initial "
+            "(sphere | gaussian | cube), scale, normalization (sphere | none), "
+            "masked, dtype, solver, rtol, atol, dt0, max_steps, blowup_radius, "
+            "segments, cluster_tol, animation (gif | mp4 | none) and an "
+            "[attention] table with kind (softmax | l2 | sinkhorn | unnormalized "
+            "| linear | relu | sigmoid), V, A, Q, K (a number c means c I, or "
+            "lists of lists), sinkhorn_kernel, sinkhorn_max_iter, blocking."
+        ),
+    )
+    _add_config_option(p)
+    _add_common_options(
+        p, out="out/simulate", seed_help="PRNG seed of the initial tokens"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUT/checkpoint.npz (same configuration and seed)",
+    )
+    p.set_defaults(func=_run_simulate)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     _use_agg()
     from ._bench_report import main as bench_main
@@ -257,6 +315,7 @@ def _parser() -> argparse.ArgumentParser:
         dest="command", metavar="<command>", required=True
     )
     _add_demo(subparsers)
+    _add_simulate(subparsers)
     _add_gaussian(subparsers)
     _add_lipschitz(subparsers)
     _add_bench(subparsers)

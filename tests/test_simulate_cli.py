@@ -1,0 +1,147 @@
+"""`meanfield simulate`: configuration, outputs, checkpoints and --resume."""
+
+import json
+
+import numpy as np
+import pytest
+
+from meanfield import _simulate_report
+from meanfield.cli import main
+
+# Tiny runs: n = 12 tokens, 9 save times in 4 segments.
+SPHERE = 'n = 12\nd = 3\nt1 = 4.0\nsaves = 9\nsegments = 4\nanimation = "gif"\n'
+RD = (
+    'n = 12\nd = 2\nt1 = 3.0\nsaves = 9\nsegments = 4\nnormalization = "none"\n'
+    'animation = "none"\ndtype = "float64"\n[attention]\nV = 1.0\nA = [[1.0, 0.2], '
+    "[0.2, 0.5]]\n"
+)
+
+
+def _run(tmp_path, name, text, *extra):
+    config = tmp_path / f"{name}.toml"
+    config.write_text(text)
+    out = tmp_path / name
+    args = ["simulate", "--config", str(config), "--out", str(out), "--no-progress"]
+    return main([*args, *extra]), out
+
+
+def test_sphere_run_writes_manifest_figures_animation_and_arrays(tmp_path, capsys):
+    code, out = _run(tmp_path, "sphere", SPHERE, "--seed", "5")
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "status success" in printed and "cluster(s)" in printed
+    for name in ["trajectories.png", "clusters.png"]:
+        assert (out / name).stat().st_size > 10_000, name
+    from PIL import Image
+
+    with Image.open(out / "tokens.gif") as gif:
+        assert gif.n_frames == 9
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["seed"] == 5
+    # Defaults are resolved into the manifest, not left implicit.
+    assert manifest["config"]["attention"]["kind"] == "softmax"
+    assert manifest["config"]["rtol"] == 1e-6
+    assert {"jax", "diffrax", "python"} <= set(manifest["versions"])
+    assert manifest["device"]["platform"] == "cpu" and manifest["wall_time_s"] > 0
+    summary = manifest["summary"]
+    assert summary["status"] == "success" and summary["num_steps"] > 0
+    with np.load(out / "trajectory.npz") as data:
+        x, ts = data["x"], data["ts"]
+        np.testing.assert_allclose(ts, np.linspace(0, 4, 9), rtol=1e-6)
+        assert x.shape == (9, 12, 3)
+        np.testing.assert_allclose(np.linalg.norm(x, axis=-1), 1, atol=1e-5)
+        assert data["cluster_counts"][-1] == summary["clusters_final"]
+    assert not list(out.glob(".*tmp*")), "temporary files left behind"
+
+
+def test_resume_after_an_interruption_gives_the_uninterrupted_result(
+    tmp_path, monkeypatch, capsys
+):
+    code, full = _run(tmp_path, "full", RD)
+    assert code == 0
+    summary = json.loads((full / "manifest.json").read_text())["summary"]
+    # V = I, A positive definite: the rescaled limits sit on a polytope.
+    assert summary["polytope"]["clusters_on_boundary"] == summary["clusters_final"]
+    assert (full / "radius.png").exists()
+
+    calls = []
+    solve = _simulate_report.simulate
+
+    def interrupted(*args, **kwargs):
+        calls.append(kwargs["t0"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(_simulate_report, "simulate", interrupted)
+    code, part = _run(tmp_path, "part", RD)
+    assert code == 130
+    assert "--resume" in capsys.readouterr().err
+    with np.load(part / _simulate_report.CHECKPOINT) as data:
+        assert int(data["segment"]) == 2
+    assert not (part / "manifest.json").exists()
+
+    monkeypatch.setattr(_simulate_report, "simulate", solve)
+    code, part = _run(tmp_path, "part", RD, "--resume")
+    assert code == 0
+    assert "resumed from segment 2" in capsys.readouterr().out
+    with np.load(full / "trajectory.npz") as a, np.load(part / "trajectory.npz") as b:
+        # The same solves in the same order: bit for bit equal.
+        np.testing.assert_array_equal(a["x"], b["x"])
+        np.testing.assert_array_equal(a["ts"], b["ts"])
+        np.testing.assert_array_equal(a["cluster_counts"], b["cluster_counts"])
+
+
+def test_resume_with_another_configuration_exits_2(tmp_path, capsys):
+    config = tmp_path / "run.toml"
+    config.write_text(RD)
+    out = tmp_path / "run"
+    out.mkdir()
+    ckpt = _simulate_report._Checkpoint(
+        1, np.zeros(1), np.zeros((1, 12, 2)), 0, np.inf, 3, '{"config": {}, "seed": 0}'
+    )
+    ckpt.save(out / _simulate_report.CHECKPOINT)
+    args = ["simulate", "--config", str(config), "--out", str(out), "--resume"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "was written by another run" in err[0]
+
+
+def test_blowup_is_reported_and_plotted(tmp_path, capsys):
+    text = RD.replace("V = 1.0\n", 'V = 1.0\nkind = "unnormalized"\n').replace(
+        "t1 = 3.0", "t1 = 8.0"
+    )
+    code, out = _run(tmp_path, "blow", text.replace("n = 12", "n = 6"))
+    assert code == 0
+    assert "blow-up at t*" in capsys.readouterr().out
+    summary = json.loads((out / "manifest.json").read_text())["summary"]
+    assert summary["status"] == "blowup" and summary["blowup_time"] < 8
+    with np.load(out / "trajectory.npz") as data:
+        assert np.isinf(data["ts"][-1]) and not np.isnan(data["x"]).any()
+    assert (out / "radius.png").exists()
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("speed = 3\n", "`speed`"),
+        ('n = "many"\n', "`n`"),
+        ("n = 1\n", "`n`"),
+        ('initial = "torus"\n', "`initial`"),
+        ("segments = 50\nsaves = 10\n", "`segments`"),
+        ('[attention]\nkind = "cosine"\n', "`attention.kind`"),
+        ("[attention]\nV = [[1.0, 0.0]]\n", "`attention.V`"),
+        ("[attention]\nQ = 1.0\n", "`attention.Q`"),
+        ("[attention]\ntemperature = 2\n", "`attention.temperature`"),
+        ('masked = true\n[attention]\nkind = "sinkhorn"\n', "`attention.kind`"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line_naming_the_key(tmp_path, capsys, text, key):
+    config = tmp_path / "bad.toml"
+    config.write_text(text)
+    code = main(["simulate", "--config", str(config), "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("meanfield simulate: error:")
+    assert key in err[0]
+    assert not (tmp_path / "o").exists()
