@@ -4,7 +4,7 @@ Measures (particles, masked particles, Gaussians), attention velocity fields
 (softmax, L2, Sinkhorn, multi-head, ill-posed kernels), and particle dynamics.
 """
 
-from . import bert, gaussian, lipschitz, wasserstein
+from . import bert, clustering, gaussian, lipschitz, wasserstein
 from ._attention.base import AbstractAttention, AbstractKernelAttention
 from ._attention.ill_posed import (
     AbstractIllPosedAttention,
@@ -52,6 +52,7 @@ __all__ = [
     "Solution",
     "UnnormalizedAttention",
     "bert",
+    "clustering",
     "gaussian",
     "layers",
     "lipschitz",

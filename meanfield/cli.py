@@ -27,7 +27,9 @@ def _run_demo(args: argparse.Namespace) -> int:
     _use_agg()
     from .demo import run_demo
 
-    run_demo(args.out, n=args.n, seed=args.seed, progress=args.progress)
+    run_demo(
+        args.out, n=args.n, seed=args.seed, progress=args.progress, quick=args.quick
+    )
     return 0
 
 
@@ -76,14 +78,18 @@ def _add_common_options(p, *, out: str, seed_help: str) -> None:
 def _add_demo(subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="clustering of tokens under self-attention (Q = K = V = I)",
+        help="the tour: clustering, Gaussian blow-up, Lipschitz scaling",
         description=(
-            "Canonical clustering run of Geshkovski, Letrouit, Polyanskiy & "
-            "Rigollet: n tokens uniform on the sphere S^2 under softmax attention "
-            "with Q = K = V = I, on the sphere (t1 = 15) and in R^3 with the "
-            "rescaling e^{-t} x(t) (t1 = 8). Writes sphere.png, "
-            "sphere_trajectories.png, rescaled.png, trajectory.npz and "
-            "manifest.json, and prints a short summary."
+            "Three headline results, each in its own directory under --out. "
+            "clustering/: n tokens uniform on S^2 under softmax attention with "
+            "Q = K = V = I (Geshkovski, Letrouit, Polyanskiy & Rigollet), on the "
+            "sphere (t1 = 15) and in R^3 with the rescaling e^{-t} x(t) (t1 = 8): "
+            "tokens.gif, sphere.png, sphere_trajectories.png, rescaled.png, "
+            "clusters.png, trajectory.npz. gaussian/: `meanfield gaussian` with "
+            "its defaults (ellipses.png: softmax blows up, L2 and Sinkhorn do "
+            "not). lipschitz/: `meanfield lipschitz` for n = 16..1024 "
+            "(lipschitz.png: sqrt(n) growth). Writes manifest.json files and "
+            "prints a short summary of each."
         ),
     )
     _add_common_options(p, out="out", seed_help="PRNG seed of the initial tokens")
@@ -92,7 +98,12 @@ def _add_demo(subparsers) -> None:
         metavar="INT",
         type=_at_least_two,
         default=256,
-        help="number of tokens, >= 2 (default: %(default)s)",
+        help="number of tokens of the clustering runs, >= 2 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small Gaussian phase diagram and Lipschitz sizes (a smoke test)",
     )
     p.set_defaults(func=_run_demo)
 

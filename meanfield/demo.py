@@ -1,13 +1,17 @@
-"""The canonical clustering run of self-attention dynamics, with figures.
+"""The tour of meanfield (`meanfield demo`, `make demo`): three headline results.
 
-Geshkovski, Letrouit, Polyanskiy & Rigollet, "The Emergence of Clusters in
-Self-Attention Dynamics" (NeurIPS 2023) and "A mathematical perspective on
-Transformers" (2023): tokens drawn uniformly on the sphere, Q = K = V = I.
-
-(a) On the sphere (LayerNorm model) the tokens collapse into a few clusters.
-(b) In R^d (no normalisation) they grow like e^t; the rescaled tokens
-    z_i(t) = e^{-tV} x_i(t) converge to a few points (the vertices of a convex
-    polytope when V = I).
+1. Clustering (`run_clustering`). Geshkovski, Letrouit, Polyanskiy & Rigollet,
+   "The Emergence of Clusters in Self-Attention Dynamics" (NeurIPS 2023) and "A
+   mathematical perspective on Transformers" (2023): tokens drawn uniformly on
+   the sphere, Q = K = V = I. (a) On the sphere (LayerNorm model) the tokens
+   collapse into a few clusters, then one. (b) In R^d (no normalisation) they
+   grow like e^t; the rescaled tokens z_i(t) = e^{-tV} x_i(t) converge to a few
+   points (the vertices of a convex polytope when V = I).
+2. Blow-up of attention variants on a Gaussian (`meanfield gaussian`, Castin,
+   Ablin, Carrillo & Peyre, 2025): softmax blows up in finite time, L2 and
+   Sinkhorn do not.
+3. How smooth attention is (`meanfield lipschitz`, Castin, Ablin & Peyre, ICML
+   2024): the local Lipschitz constant grows like sqrt(n) at adversarial inputs.
 
 Run it with `meanfield demo` or `python -m meanfield demo`.
 """
@@ -15,91 +19,24 @@ Run it with `meanfield demo` or `python -m meanfield demo`.
 import time
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import jax.random as jr
-import jax.scipy.linalg as jsl
 import matplotlib.pyplot as plt
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float
 
-from . import _io, plotting
+from . import _clustering, _gaussian_report, _io, _lipschitz_report, plotting
 from ._attention.softmax import SoftmaxAttention
 from ._dynamics import simulate
 from ._measures import Particles
 
-#: Distance under which two tokens count as one cluster.
-CLUSTER_TOL = 1e-2
 #: Save times per run (including both ends).
 NUM_SAVES = 121
-
-
-def rescale(
-    ts: Float[ArrayLike, " T"], x: Float[ArrayLike, "T n d"], V: Float[ArrayLike, "d d"]
-) -> Float[Array, "T n d"]:
-    """Rescaled trajectories z(t) = e^{-tV} x(t) (Geshkovski et al., 2023, Sec. 3).
-
-    For x' = V x + (attention-weighted mean), e^{-tV} removes the linear growth;
-    with V = I this is z(t) = e^{-t} x(t). The matrix exponential is computed per
-    time, so any V works.
-
-    Args:
-        ts: times, shape (T,); non-finite entries (not reached) give +inf rows.
-        x: trajectories, shape (T, n, d).
-        V: value matrix, shape (d, d).
-
-    Returns:
-        z, shape (T, n, d).
-    """
-    ts, x = jnp.asarray(ts), jnp.asarray(x)
-    V = jnp.asarray(V, x.dtype)
-    reached = jnp.isfinite(ts)
-    # expm(-inf V) is NaN: evaluate at t = 0 and mark the row afterwards.
-    t_safe = jnp.where(reached, ts, 0).astype(x.dtype)
-    propagators = jax.vmap(lambda t: jsl.expm(-t * V))(t_safe)  # (T, d, d)
-    z = jnp.einsum("tij,tnj->tni", propagators, x)
-    return jnp.where(reached[:, None, None], z, jnp.inf)
-
-
-def count_clusters(x: Float[ArrayLike, "n d"], tol: float = CLUSTER_TOL) -> int:
-    """Number of clusters: points closer than `tol` are merged (transitively).
-
-    Single-linkage components of the graph |x_i - x_j| < tol, by union-find on
-    the (n, n) distance matrix (n is small here).
-
-    Args:
-        x: points, shape (n, d).
-        tol: merging distance.
-
-    Returns:
-        The number of clusters.
-    """
-    x = np.asarray(x, dtype=np.float64)
-    n = x.shape[0]
-    dist = np.linalg.norm(x[:, None, :] - x[None, :, :], axis=-1)
-    parent = np.arange(n)
-
-    def find(i):
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]  # path halving
-            i = parent[i]
-        return i
-
-    for i, j in zip(*np.nonzero(np.triu(dist < tol, k=1)), strict=True):
-        ri, rj = find(i), find(j)
-        if ri != rj:
-            parent[ri] = rj
-    return len({find(i) for i in range(n)})
 
 
 def _last_reached(ts, x) -> np.ndarray:
     """State at the last reached save time, shape (n, d)."""
     ts = np.asarray(ts)
     return np.asarray(x)[np.flatnonzero(np.isfinite(ts))[-1]]
-
-
-def _diameter(x: np.ndarray) -> float:
-    return float(np.linalg.norm(x[:, None, :] - x[None, :, :], axis=-1).max())
 
 
 def _sphere_snapshots(sol, clusters_final: int):
@@ -139,8 +76,8 @@ def _save(fig, path: Path) -> None:
         plt.close(fig)  # pyplot keeps every open figure alive otherwise
 
 
-def run_demo(
-    out_dir: str = "out",
+def run_clustering(
+    out_dir: str | Path = "out/clustering",
     *,
     n: int = 256,
     d: int = 3,
@@ -154,6 +91,8 @@ def run_demo(
     Writes to `out_dir` (created if needed): `sphere.png` (final state on the
     sphere), `sphere_trajectories.png` (planar projections of the sphere run),
     `rescaled.png` (rescaled trajectories e^{-t} x(t) of the R^d run),
+    `clusters.png` (number of clusters against t, automatic tolerance),
+    `tokens.gif` (animation of the sphere run),
     `trajectory.npz` (ts_sphere, x_sphere, ts_rd, x_rd, z_rd, weights) and
     `manifest.json` (configuration, seed, versions, device, wall time, summary).
 
@@ -169,8 +108,9 @@ def run_demo(
 
     Returns:
         The summary: statuses, step counts, max | |x_i| - 1 | on the sphere run,
-        diameter and number of clusters at the final sphere time, and the number
-        of clusters of the rescaled R^d tokens at their final time.
+        diameter, number of clusters and one-cluster time of the sphere run, and
+        the number of clusters of the rescaled R^d tokens at their final time
+        with their place on the hull of the cluster centres.
 
     Raises:
         ValueError: n < 2, d < 2, or non-positive final times.
@@ -208,12 +148,18 @@ def run_demo(
         normalization=None,
         progress=progress,
     )
-    z_r = rescale(sol_r.ts, sol_r.x, eye)
+    z_r = np.asarray(_clustering.rescale(sol_r, eye))
 
     ts_s, x_s = np.asarray(sol_s.ts), np.asarray(sol_s.x)
     reached_s = np.isfinite(ts_s)
     x_final = _last_reached(ts_s, x_s)
     z_final = _last_reached(sol_r.ts, z_r)
+    # Automatic (gap) tolerances: the clusters are read off the data's own scale.
+    clusters_s = _clustering.detect(x_final)
+    clusters_r = _clustering.detect(z_final)
+    polytope = _clustering.polytope(z_final)
+    counts_s = _clustering.cluster_counts(sol_s)
+    counts_r = _clustering.cluster_counts(z_r, ts=sol_r.ts)
     summary = {
         "sphere": {
             "status": sol_s.status,
@@ -222,8 +168,10 @@ def run_demo(
             "max_norm_deviation": float(
                 np.abs(np.linalg.norm(x_s[reached_s], axis=-1) - 1).max()
             ),
-            "diameter_final": _diameter(x_final),
-            "clusters_final": count_clusters(x_final, CLUSTER_TOL),
+            "diameter_final": _clustering.diameter(x_final),
+            "clusters_final": clusters_s.number,
+            "cluster_tol": clusters_s.tol,
+            "one_cluster_time": _clustering.consensus_time(sol_s),
         },
         "rd": {
             "status": sol_r.status,
@@ -233,9 +181,12 @@ def run_demo(
             "radius_final": float(
                 np.linalg.norm(_last_reached(sol_r.ts, sol_r.x), axis=-1).max()
             ),
-            "clusters_rescaled_final": count_clusters(z_final, CLUSTER_TOL),
+            "clusters_rescaled_final": clusters_r.number,
+            "cluster_tol": clusters_r.tol,
+            "polytope_vertices": len(polytope.vertices),
+            "clusters_on_hull": int(polytope.on_boundary.sum()),
+            "fraction_at_vertices": polytope.fraction_at_vertices,
         },
-        "cluster_tol": CLUSTER_TOL,
     }
 
     _io.save_npz_atomic(
@@ -270,6 +221,19 @@ def run_demo(
             out / "rescaled.png",
         )
 
+    fig, ax = plt.subplots(figsize=(6.0, 4.0), layout="constrained")
+    plotting.plot_cluster_counts(
+        counts_s.ts, counts_s.counts, ax=ax, label="on the sphere: x(t)"
+    )
+    plotting.plot_cluster_counts(
+        counts_r.ts, counts_r.counts, ax=ax, label=r"in $R^d$: $e^{-t} x(t)$"
+    )
+    ax.set_title(
+        f"clusters against time (single linkage, automatic tolerance), n = {n}"
+    )
+    _save(fig, out / "clusters.png")
+    plotting.animate(sol_s, out / "tokens.gif", progress=progress)
+
     wall = time.perf_counter() - start
     config = {
         "out_dir": str(out),
@@ -285,7 +249,7 @@ def run_demo(
         "rtol": 1e-6,
         "atol": 1e-6,
         "num_saves": NUM_SAVES,
-        "cluster_tol": CLUSTER_TOL,
+        "cluster_tol": "automatic (gap rule of mf.clustering.detect)",
     }
     man = _io.manifest(config, seed, wall)
     man["summary"] = summary
@@ -295,10 +259,92 @@ def run_demo(
     print(
         f"sphere  (t1={t1_sphere:g}): {s['status']}, {s['num_steps']} steps, "
         f"{s['clusters_final']} cluster(s), diameter {s['diameter_final']:.3g}, "
+        f"one cluster from t = {s['one_cluster_time']:.3g}, "
         f"max||x|-1| {s['max_norm_deviation']:.2g}\n"
         f"R^{d} (t1={t1_rd:g}): {r['status']}, {r['num_steps']} steps, "
         f"radius {r['radius_final']:.3g}, "
-        f"{r['clusters_rescaled_final']} cluster(s) of e^(-t) x\n"
+        f"{r['clusters_rescaled_final']} cluster(s) of e^(-t) x, "
+        f"{r['clusters_on_hull']} on the hull of their centres "
+        f"({r['polytope_vertices']} vertices)\n"
         f"wrote {out}/ in {wall:.1f} s"
+    )
+    return summary
+
+
+#: Reduced sizes of the Gaussian and Lipschitz parts for `quick` tours (tests).
+_QUICK = {
+    "gaussian": {"phase": {"s_range": [-1.5, 1.5, 7], "r_range": [-1.5, 1.5, 7]}},
+    "lipschitz": {"ns": [16, 32, 64], "search": {"max_n": 0}},
+}
+#: The tour's Lipschitz study: the default sizes without the largest, with a
+#: short search (keeps `make demo` under three minutes on 2 cores).
+_TOUR_LIPSCHITZ = {
+    "ns": [16, 32, 64, 128, 256, 512, 1024],
+    "search": {"max_n": 32, "restarts": 1, "steps": 200},
+}
+
+
+def run_demo(
+    out_dir: str | Path = "out",
+    *,
+    n: int = 256,
+    seed: int = 0,
+    progress: bool = True,
+    quick: bool = False,
+) -> dict:
+    """The tour: clustering, Gaussian blow-up and Lipschitz scaling, with figures.
+
+    Writes `clustering/` (`run_clustering`: tokens.gif, sphere.png, clusters.png,
+    ...), `gaussian/` (`meanfield gaussian` defaults: ellipses.png,
+    eigenvalues.png, phase.png) and `lipschitz/` (`meanfield lipschitz` on
+    n = 16..1024: lipschitz.png) under `out_dir`, a `manifest.json` with the three
+    summaries, and prints them.
+
+    Args:
+        out_dir: output directory.
+        n: number of tokens of the clustering runs.
+        seed: PRNG seed (initial tokens, random Lipschitz inputs).
+        progress: show progress.
+        quick: much smaller Gaussian phase diagram and Lipschitz sizes (tests).
+
+    Returns:
+        {"clustering": ..., "gaussian": ..., "lipschitz": ...} summaries.
+    """
+    start = time.perf_counter()
+    out = Path(out_dir)
+    summary = {}
+    print("1/3  clustering of tokens, Q = K = V = I (Geshkovski et al., 2023)")
+    summary["clustering"] = run_clustering(
+        out / "clustering", n=n, seed=seed, progress=progress
+    )
+    print("\n2/3  Gaussian blow-up: softmax vs L2 vs Sinkhorn (Castin et al., 2025)")
+    gaussian_cfg = _gaussian_report.resolve_config(
+        _QUICK["gaussian"] if quick else None
+    )
+    summary["gaussian"] = _gaussian_report.run_gaussian(
+        gaussian_cfg, out / "gaussian", seed=seed, progress=progress
+    )
+    print(_gaussian_report.format_summary(summary["gaussian"]))
+    print("\n3/3  Lipschitz constant against n (Castin, Ablin & Peyre, 2024)")
+    lipschitz_cfg = _lipschitz_report.resolve_config(
+        _QUICK["lipschitz"] if quick else _TOUR_LIPSCHITZ
+    )
+    summary["lipschitz"] = _lipschitz_report.run_lipschitz(
+        lipschitz_cfg, out / "lipschitz", seed=seed, progress=progress
+    )
+    print(_lipschitz_report.format_summary(summary["lipschitz"]))
+    wall = time.perf_counter() - start
+    config = {
+        "n": n,
+        "quick": quick,
+        "gaussian": gaussian_cfg,
+        "lipschitz": lipschitz_cfg,
+    }
+    manifest = _io.manifest(config, seed, wall)
+    manifest["summary"] = summary
+    _io.write_manifest(out / "manifest.json", manifest)
+    print(
+        f"\ntour done in {wall:.0f} s: {out}/clustering/tokens.gif, "
+        f"{out}/gaussian/ellipses.png, {out}/lipschitz/lipschitz.png"
     )
     return summary

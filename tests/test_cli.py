@@ -6,18 +6,33 @@ import pytest
 from meanfield.cli import main
 
 
-def test_demo_writes_figures_trajectory_and_manifest(tmp_path):
+def test_demo_tour_writes_the_three_headline_figures_and_manifests(tmp_path, capsys):
     out = tmp_path / "out"
-    assert (
-        main(["demo", "--out", str(out), "--n", "24", "--seed", "3", "--no-progress"])
-        == 0
-    )
-    for name in ["sphere.png", "sphere_trajectories.png", "rescaled.png"]:
-        assert (out / name).stat().st_size > 10_000, name
+    args = ["demo", "--out", str(out), "--n", "24", "--seed", "3", "--quick"]
+    assert main([*args, "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "1/3" in printed and "2/3" in printed and "3/3" in printed
+    clustering = out / "clustering"
+    for name in [
+        "sphere.png",
+        "sphere_trajectories.png",
+        "rescaled.png",
+        "clusters.png",
+    ]:
+        assert (clustering / name).stat().st_size > 10_000, name
+    from PIL import Image
+
+    with Image.open(clustering / "tokens.gif") as gif:
+        assert gif.n_frames > 10
+    assert (out / "gaussian" / "ellipses.png").stat().st_size > 10_000
+    assert (out / "lipschitz" / "lipschitz.png").stat().st_size > 10_000
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["seed"] == 3 and manifest["config"]["n"] == 24
     assert "jax" in manifest["versions"]
-    with np.load(out / "trajectory.npz") as data:
+    summary = manifest["summary"]
+    assert summary["gaussian"]["softmax"]["status"] == "blowup"
+    assert summary["clustering"]["sphere"]["status"] == "success"
+    with np.load(clustering / "trajectory.npz") as data:
         x = data["x_sphere"]
         assert x.shape[1:] == (24, 3)
         # Tokens stay on the sphere (LayerNorm model).
