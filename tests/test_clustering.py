@@ -470,3 +470,14 @@ def test_diameter_matches_brute_force():
     x = np.random.default_rng(8).normal(size=(50, 4))
     assert C.diameter(x) == pytest.approx(cdist(x, x).max(), rel=1e-14)
     assert C.diameter(np.ones((3, 2))) == 0.0
+
+
+def test_a_single_close_pair_is_not_structure():
+    # Without the ceil(n/2) rule the ratio (next merge) / (closest pair) ~ 1e3 would
+    # be the cut, and 59 of 60 points would be "clusters" at tol ~ 3e-3.
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-1, 1, size=(60, 2))
+    x[1] = x[0] + 1e-5
+    found = C.detect(x)
+    assert found.method == "relative"
+    assert found.number == C.detect(x, 1e-2 * np.linalg.norm(x, axis=1).max()).number
