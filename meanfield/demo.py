@@ -85,6 +85,7 @@ def run_clustering(
     t1_rd: float = 8.0,
     seed: int = 0,
     progress: bool = True,
+    max_frames: int = 60,
 ) -> dict:
     """Cluster n tokens under softmax self-attention with Q = K = V = I.
 
@@ -105,6 +106,7 @@ def run_clustering(
         t1_rd: final time of the run in R^d.
         seed: PRNG seed of the initial tokens.
         progress: show progress bars.
+        max_frames: frames of the animation.
 
     Returns:
         The summary: statuses, step counts, max | |x_i| - 1 | on the sphere run,
@@ -229,10 +231,13 @@ def run_clustering(
         counts_r.ts, counts_r.counts, ax=ax, label=r"in $R^d$: $e^{-t} x(t)$"
     )
     ax.set_title(
-        f"clusters against time (single linkage, automatic tolerance), n = {n}"
+        f"clusters against t (single linkage, automatic tolerance), n = {n}",
+        fontsize="medium",
     )
     _save(fig, out / "clusters.png")
-    plotting.animate(sol_s, out / "tokens.gif", progress=progress)
+    plotting.animate(
+        sol_s, out / "tokens.gif", max_frames=max_frames, progress=progress
+    )
 
     wall = time.perf_counter() - start
     config = {
@@ -315,7 +320,11 @@ def run_demo(
     summary = {}
     print("1/3  clustering of tokens, Q = K = V = I (Geshkovski et al., 2023)")
     summary["clustering"] = run_clustering(
-        out / "clustering", n=n, seed=seed, progress=progress
+        out / "clustering",
+        n=n,
+        seed=seed,
+        progress=progress,
+        max_frames=12 if quick else 60,
     )
     print("\n2/3  Gaussian blow-up: softmax vs L2 vs Sinkhorn (Castin et al., 2025)")
     gaussian_cfg = _gaussian_report.resolve_config(
