@@ -1,3 +1,4 @@
+import json
 import math
 
 import numpy as np
@@ -128,6 +129,8 @@ def test_bench_command_writes_results_and_rejects_bad_config(tmp_path, capsys):
     code = main(["bench", "--config", str(good), "--out", str(out), "--no-progress"])
     assert code == 0
     assert (out / "nscaling_cpu.json").exists() and (out / "nscaling_cpu.png").exists()
+    manifest = json.loads((out / "nscaling_cpu.json").read_text())["manifest"]
+    assert {"config", "seed", "versions", "device", "wall_time_s"} <= set(manifest)
     bad = tmp_path / "bad.toml"
     bad.write_text("ns = [64]\nspeed = 3\n")
     assert main(["bench", "--config", str(bad), "--out", str(out)]) == 2
