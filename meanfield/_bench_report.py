@@ -158,6 +158,21 @@ CONFIG_KEYS = {
 }
 
 
+#: Defaults of the options left unset (None) by the command line and the config.
+FULL_DEFAULTS = {
+    "ns": [2**k for k in range(10, 21)],
+    "ds": [2, 16, 64, 128],
+    "repeats": 3,
+    "solve_steps": 10,
+}
+QUICK_DEFAULTS = {
+    "ns": [2**k for k in range(10, 14)],
+    "ds": [2, 16],
+    "repeats": 1,
+    "solve_steps": 3,
+}
+
+
 def _apply_config(args, argv) -> None:
     """Fill options from the TOML file unless given on the command line."""
     import tomllib
@@ -191,10 +206,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="meanfield bench", description=__doc__.splitlines()[0]
     )
-    parser.add_argument(
-        "--ns", type=size, nargs="+", default=[2**k for k in range(10, 21)]
-    )
-    parser.add_argument("--ds", type=int, nargs="+", default=[2, 16, 64, 128])
+    # None: the full (or --quick) defaults below; explicit values always win.
+    parser.add_argument("--ns", type=size, nargs="+", default=None)
+    parser.add_argument("--ds", type=int, nargs="+", default=None)
     parser.add_argument(
         "--impls", nargs="+", default=list(_bench.IMPLS), choices=_bench.IMPLS
     )
@@ -202,9 +216,10 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="n = 2^10..2^13, d = 2 16, one repeat, 3-step solve",
+        help="defaults n = 2^10..2^13, d = 2 16, one repeat, 3-step solve "
+        "(explicit --ns, --ds, --repeats, --solve-steps still apply)",
     )
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument(
         "--max-seconds",
         type=float,
@@ -215,7 +230,7 @@ def main(argv=None) -> int:
         "--max-gib", type=float, default=3.0, help="memory budget of one evaluation"
     )
     parser.add_argument("--block-size", type=int, default=512)
-    parser.add_argument("--solve-steps", type=int, default=10)
+    parser.add_argument("--solve-steps", type=int, default=None)
     parser.add_argument("--solve-max-n", type=size, default=None)
     parser.add_argument(
         "--max-n",
@@ -257,9 +272,10 @@ def main(argv=None) -> int:
         path = Path(args.replot)
         plot(json.loads(path.read_text()), path.with_suffix(".png"))
         return 0
-    if args.quick:
-        args.ns, args.ds = [2**k for k in range(10, 14)], [2, 16]
-        args.repeats, args.solve_steps = 1, 3
+    defaults = QUICK_DEFAULTS if args.quick else FULL_DEFAULTS
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = f"nscaling_{args.name or device_name()}"
@@ -287,6 +303,6 @@ def main(argv=None) -> int:
     )
     save(result)
     plot(result, out / f"{name}.png")
-    print(summary(result), file=sys.stderr)
-    print(f"wrote {out / name}.json and .png", file=sys.stderr)
+    print(summary(result))
+    print(f"wrote {out / name}.json and .png")
     return 0

@@ -131,6 +131,11 @@ def test_bench_command_writes_results_and_rejects_bad_config(tmp_path, capsys):
     assert (out / "nscaling_cpu.json").exists() and (out / "nscaling_cpu.png").exists()
     manifest = json.loads((out / "nscaling_cpu.json").read_text())["manifest"]
     assert {"config", "seed", "versions", "device", "wall_time_s"} <= set(manifest)
+    # --quick sets defaults only: explicit sizes win.
+    argv = ["bench", "--quick", "--ns", "64", "--ds", "2", "--impls", "numpy"]
+    assert main([*argv, "--out", str(out), "--name", "q", "--no-progress"]) == 0
+    records = json.loads((out / "nscaling_q.json").read_text())["records"]
+    assert {(r["n"], r["d"]) for r in records} == {(64, 2)}
     bad = tmp_path / "bad.toml"
     bad.write_text("ns = [64]\nspeed = 3\n")
     assert main(["bench", "--config", str(bad), "--out", str(out)]) == 2
