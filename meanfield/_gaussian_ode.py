@@ -209,6 +209,30 @@ def simulate(
     mean0, cov0 = gauss.mean.astype(dtype), gauss.cov.astype(dtype)
     sub = save_times(saveat, t0, t1, dtype)
     log_thr = math.log(blowup_threshold) + jnp.log(jnp.linalg.eigvalsh(cov0)[-1])
+    dtmin = 100 * float(jnp.finfo(dtype).eps) * max(abs(t0), abs(t1), 1.0)
+    # Times and thresholds as arrays: the jitted solve is traced once per
+    # (attention structure, d, options), not once per call.
+    return _solve(
+        mean0,
+        cov0,
+        attn,
+        jnp.asarray(t0, dtype),
+        jnp.asarray(t1, dtype),
+        sub,
+        jnp.asarray(dtmin, dtype),
+        log_thr,
+        rtol=float(rtol),
+        atol=float(atol),
+        max_steps=int(max_steps),
+    )
+
+
+@eqx.filter_jit
+def _solve(
+    mean0, cov0, attn, t0, t1, sub, dtmin, log_thr, *, rtol, atol, max_steps
+) -> GaussianSolution:
+    """The diffrax solve of `simulate` (arguments validated there)."""
+    dtype = mean0.dtype
 
     def crossed(t, y, args, **kwargs):
         # log lambda_max(Sigma) - log(threshold lambda_max(Sigma0) e^{2 int r}).
@@ -217,12 +241,11 @@ def simulate(
         return value.astype(jnp.result_type(float))
 
     field = _moment_field(attn)
-    dtmin = 100 * float(jnp.finfo(dtype).eps) * max(abs(t0), abs(t1), 1.0)
     sol = dfx.diffeqsolve(
-        dfx.ODETerm(_augmented_field(attn, gauss.dim)),
+        dfx.ODETerm(_augmented_field(attn, mean0.shape[0])),
         dfx.Dopri8(),
-        jnp.asarray(t0, dtype),
-        jnp.asarray(t1, dtype),
+        t0,
+        t1,
         None,
         (mean0, cov0, jnp.zeros((), dtype)),
         saveat=dfx.SaveAt(subs=(sub, dfx.SubSaveAt(t1=True))),
@@ -231,7 +254,7 @@ def simulate(
         stepsize_controller=dfx.PIDController(
             rtol=rtol, atol=atol, dtmin=dtmin, force_dtmin=False
         ),
-        max_steps=int(max_steps),
+        max_steps=max_steps,
         # No root finder: the crossing step ends within O(1/threshold) of t*, and
         # the extrapolation below does the rest (Newton on the steep interpolant
         # near a singularity does not converge).

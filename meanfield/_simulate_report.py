@@ -11,6 +11,7 @@ uninterrupted one compute exactly the same solves and end in the same state.
 Run it with `meanfield simulate [--config FILE.toml] [--resume]`.
 """
 
+import dataclasses
 import json
 import math
 import sys
@@ -258,17 +259,27 @@ def segment_bounds(saves: int, segments: int) -> list[int]:
     return [round(k * (saves - 1) / segments) for k in range(segments + 1)]
 
 
+@dataclasses.dataclass(frozen=True)
 class _Checkpoint:
     """The state after a number of segments, saved as one `.npz` file.
 
-    Attributes: segment (segments done), ts (saved times so far), x (T, n, d),
-    result (status code so far), blowup_time, num_steps, config (JSON text).
+    Attributes:
+        segment: segments done.
+        ts: save times reached so far, shape (T',).
+        x: states at those times, shape (T', n, d).
+        result: status code so far (`_status`).
+        blowup_time: +inf unless a segment blew up.
+        num_steps: solver steps so far.
+        config_json: the configuration and seed (JSON) the run belongs to.
     """
 
-    def __init__(self, segment, ts, x, result, blowup_time, num_steps, config_json):
-        self.segment, self.ts, self.x = segment, ts, x
-        self.result, self.blowup_time, self.num_steps = result, blowup_time, num_steps
-        self.config_json = config_json
+    segment: int
+    ts: np.ndarray
+    x: np.ndarray
+    result: int
+    blowup_time: float
+    num_steps: int
+    config_json: str
 
     def save(self, path: Path) -> None:
         _io.save_npz_atomic(

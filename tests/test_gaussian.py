@@ -254,14 +254,17 @@ def test_particles_follow_the_moment_ode(key):
     attn = mf.SoftmaxAttention(V, A=A)
     ts = np.array([0.0, 0.5, 1.0])
     errs = {}
-    for n in [4000, 16000]:
+    for n in [1000, 4000]:
         runs = [
             mf.gaussian.compare_particles(gauss, attn, n, ts, k, dtype=jnp.float32)
             for k in jr.split(jr.fold_in(key, n), 4)
         ]
         errs[n] = np.sqrt(np.mean([np.asarray(r.cov_error[-1]) ** 2 for r in runs]))
-        assert all(np.asarray(r.mean_error[-1]) < 0.1 for r in runs)
-    ratio = errs[4000] / errs[16000]
+        # The sample-mean error (amplified by the flow) scales like n^{-1/2}:
+        # bound 0.1 at n = 4000, scaled (observed at most 0.16 at n = 1000).
+        bound = 0.1 * np.sqrt(4000 / n)
+        assert all(np.asarray(r.mean_error[-1]) < bound for r in runs)
+    ratio = errs[1000] / errs[4000]
     # Monte Carlo: 4x the particles halves the error; RMS over 4 seeds, +-30%.
     assert 1.4 < ratio < 2.9, (ratio, errs)
 
