@@ -154,7 +154,7 @@ def test_adversarial_inputs_grow_like_sqrt_n(key):
     # on the whole range (MATH.md s. 5).
     d, R = 2, 3.0
     attn = mf.SoftmaxAttention(jnp.eye(d), A=-jnp.eye(d))
-    ns = 2 ** np.arange(4, 13)
+    ns = 2 ** np.arange(4, 13, 2)  # every other power of 2: one compile per n
     adv = [float(L.local(attn, L.adversarial(attn, int(n), R))) for n in ns]
     slope = _slope(ns, adv)
     assert 0.45 <= slope <= 0.55
@@ -164,9 +164,9 @@ def test_adversarial_inputs_grow_like_sqrt_n(key):
         assert value >= float(L.lower_bound(attn, int(n), R)) * (1 - 1e-10)
     rand = [
         float(L.local(attn, random_ball(jr.fold_in(key, int(n)), int(n), d, R, float)))
-        for n in ns[:7]
+        for n in ns[:4]
     ]
-    assert _slope(ns[:7], rand) < slope - 0.1
+    assert _slope(ns[:4], rand) < slope - 0.1
 
 
 def test_two_dirac_meanfield_configuration_grows_at_the_predicted_rate():
