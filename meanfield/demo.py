@@ -278,8 +278,8 @@ def run_clustering(
 
 #: Reduced sizes of the Gaussian and Lipschitz parts for `quick` tours (tests).
 _QUICK = {
-    "gaussian": {"phase": {"s_range": [-1.5, 1.5, 7], "r_range": [-1.5, 1.5, 7]}},
-    "lipschitz": {"ns": [16, 32, 64], "search": {"max_n": 0}},
+    "gaussian": {"phase": {"s_range": [-1.5, 1.5, 5], "r_range": [-1.5, 1.5, 5]}},
+    "lipschitz": {"ns": [16, 64], "search": {"max_n": 0}},
 }
 #: The tour's Lipschitz study: the default sizes without the largest, with a
 #: short search (keeps `make demo` under three minutes on 2 cores).

@@ -27,21 +27,25 @@ def test_simulate_saves_requested_times(key):
     assert np.isinf(float(sol.blowup_time))
 
 
-def test_simulate_matches_tight_reference_for_each_solver(key):
+@pytest.mark.parametrize(
+    "solver, kwargs, tol",
+    [
+        ("tsit5", {}, 1e-5),
+        pytest.param("dopri5", {}, 1e-5, marks=pytest.mark.slow),
+        pytest.param("dopri8", {}, 1e-5, marks=pytest.mark.slow),
+        ("heun", {"dt0": 1e-3}, 1e-4),  # second order: O(dt^2) ~ 1e-6 x constants
+        ("euler", {"dt0": 1e-3}, 1e-2),  # first order: O(dt) ~ 1e-3 x constants
+    ],
+)
+def test_simulate_matches_tight_reference_for_each_solver(key, solver, kwargs, tol):
+    # One compile per solver: the other Runge-Kutta tableaus run under -m slow.
     x = _tokens(key, n=8, d=2)
     attn = mf.SoftmaxAttention(np.array([[1.0, 0.5], [0.0, 1.0]]), A=np.eye(2))
     ref = mf.simulate(mf.Particles(x), attn, 1.0, rtol=1e-12, atol=1e-12).x[-1]
-    for solver, kwargs, tol in [
-        ("tsit5", {}, 1e-5),
-        ("dopri5", {}, 1e-5),
-        ("dopri8", {}, 1e-5),
-        ("heun", {"dt0": 1e-3}, 1e-4),  # second order: O(dt^2) ~ 1e-6 x constants
-        ("euler", {"dt0": 1e-3}, 1e-2),  # first order: O(dt) ~ 1e-3 x constants
-    ]:
-        sol = mf.simulate(mf.Particles(x), attn, 1.0, solver=solver, **kwargs)
-        assert sol.status == "success", solver
-        err = np.max(np.abs(sol.x[-1] - ref)) / np.max(np.abs(ref))
-        assert err < tol, (solver, err)
+    sol = mf.simulate(mf.Particles(x), attn, 1.0, solver=solver, **kwargs)
+    assert sol.status == "success", solver
+    err = np.max(np.abs(sol.x[-1] - ref)) / np.max(np.abs(ref))
+    assert err < tol, (solver, err)
 
 
 def test_layers_converge_to_simulate_at_first_order(key):
