@@ -477,6 +477,7 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
         "status": sol.status,
         "t_final": float(sol.t_final),
         "blowup_time": float(sol.blowup_time),
+        "blowup_radius": cfg["blowup_radius"],
         "num_steps": int(sol.num_steps),
         "clustered": "x (sphere)" if on_sphere else "z = e^{-tV} x",
         "clusters_final": found.number,
@@ -494,6 +495,7 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
     A = cfg["attention"].get("A")
     if (
         not on_sphere
+        and not cfg["masked"]
         and cfg["attention"]["kind"] == "softmax"
         and np.array_equal(V, np.eye(cfg["d"]))
         and A is not None
@@ -630,7 +632,10 @@ def format_summary(summary: dict) -> str:
         f"radius max|x| at the end: {s['radius_final']:.4g}",
     ]
     if math.isfinite(s["blowup_time"]):
-        lines.append(f"blow-up at t* = {s['blowup_time']:.6g}")
+        lines.append(
+            f"blow-up detected at t* = {s['blowup_time']:.6g} (max|x| reached "
+            f"blowup_radius = {s['blowup_radius']:g}, or the velocity outran it)"
+        )
     if "one_cluster_time" in s:
         t = s["one_cluster_time"]
         lines.append(

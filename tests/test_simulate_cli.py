@@ -113,7 +113,7 @@ def test_blowup_is_reported_and_plotted(tmp_path, capsys):
     )
     code, out = _run(tmp_path, "blow", text.replace("n = 12", "n = 6"))
     assert code == 0
-    assert "blow-up at t*" in capsys.readouterr().out
+    assert "blow-up detected at t*" in capsys.readouterr().out
     summary = json.loads((out / "manifest.json").read_text())["summary"]
     assert summary["status"] == "blowup" and summary["blowup_time"] < 8
     with np.load(out / "trajectory.npz") as data:
