@@ -208,7 +208,8 @@ def _axes(fig: Figure, kind: str, x: np.ndarray, dims) -> tuple:
     of the extent); `eye` the unit vector towards the viewer on the sphere, else
     None.
     """
-    from .plotting import _equal_3d_limits  # see `animate`: no import cycle
+    # See `animate`: imported here, so there is no import cycle.
+    from .plotting import _equal_3d_limits, _unit_sphere_wireframe
 
     eye = None
     if kind == "2d":
@@ -228,15 +229,7 @@ def _axes(fig: Figure, kind: str, x: np.ndarray, dims) -> tuple:
         ax.computed_zorder = False
         if kind == "sphere":
             eye = _sphere_view(ax, x[-1].mean(axis=0))
-            u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 37), np.linspace(0, np.pi, 19))
-            ax.plot_wireframe(
-                np.cos(u) * np.sin(v),
-                np.sin(u) * np.sin(v),
-                np.cos(v),
-                color="0.6",
-                linewidth=0.3,
-                alpha=0.5,
-            )
+            _unit_sphere_wireframe(ax)
             ax.set_xlim(-1, 1)
             ax.set_ylim(-1, 1)
             ax.set_zlim(-1, 1)

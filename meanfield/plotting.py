@@ -167,6 +167,19 @@ def plot_trajectories(
     return fig
 
 
+def _unit_sphere_wireframe(ax) -> None:
+    """A light wireframe of S^2 (10-degree meridians and parallels) on 3-D axes."""
+    u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 37), np.linspace(0, np.pi, 19))
+    ax.plot_wireframe(
+        np.cos(u) * np.sin(v),
+        np.sin(u) * np.sin(v),
+        np.cos(v),
+        color="0.6",
+        linewidth=0.3,
+        alpha=0.5,
+    )
+
+
 def plot_sphere(
     sol: Solution,
     *,
@@ -218,15 +231,7 @@ def plot_sphere(
     # mplot3d sorts whole collections by mean depth, which can hide every point
     # behind the wireframe: draw in call order instead, points last.
     ax.computed_zorder = False
-    u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 37), np.linspace(0, np.pi, 19))
-    ax.plot_wireframe(
-        np.cos(u) * np.sin(v),
-        np.sin(u) * np.sin(v),
-        np.cos(v),
-        color="0.6",
-        linewidth=0.3,
-        alpha=0.5,
-    )
+    _unit_sphere_wireframe(ax)
     if k > 0:
         ax.add_collection3d(
             Line3DCollection(
