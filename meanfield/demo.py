@@ -158,8 +158,8 @@ def run_clustering(
     z_final = _last_reached(sol_r.ts, z_r)
     # Automatic (gap) tolerances: the clusters are read off the data's own scale.
     clusters_s = _clustering.detect(x_final)
-    clusters_r = _clustering.detect(z_final)
     polytope = _clustering.polytope(z_final)
+    clusters_r = polytope.clusters
     counts_s = _clustering.cluster_counts(sol_s)
     counts_r = _clustering.cluster_counts(z_r, ts=sol_r.ts)
     summary = {
