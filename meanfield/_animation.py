@@ -13,11 +13,8 @@ written atomically: to a temporary file with the same suffix in the destination
 directory, moved into place with `os.replace` when complete.
 """
 
-import contextlib
 import io
 import os
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,38 +26,11 @@ from mpl_toolkits.mplot3d.art3d import Line3DCollection
 from PIL import Image
 
 from ._dynamics import Solution
-from ._io import _umask
+from ._io import atomic_path
 
 KINDS = ("auto", "sphere", "3d", "2d")
 SUFFIXES = (".gif", ".mp4")
 _SIZE_INCHES = 5.0
-
-
-@contextlib.contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary path next to `path` (same suffix); moved onto `path` on success.
-
-    Movie writers take a file name, not an open file, so `_io._atomic_file` does
-    not fit; this is its path-based twin. On error the temporary file is removed
-    and `path` is left untouched.
-    """
-    # Same directory: os.replace is only atomic within one filesystem. The real
-    # suffix is kept: writers (Pillow, ffmpeg) infer the format from it.
-    fd, tmp = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.stem}.tmp-", suffix=path.suffix
-    )
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        # mkstemp creates the file 0600; give it the usual 0666 & ~umask.
-        os.chmod(tmp, 0o666 & ~_umask())
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 class _GifWriter(animation.AbstractMovieWriter):
@@ -369,7 +339,7 @@ def animate(
         frames = tqdm(frames, desc="frames", unit="frame")
     dynamic: list = []
     try:
-        with _atomic_path(path) as tmp, writer.saving(fig, tmp, dpi=80):
+        with atomic_path(path) as tmp, writer.saving(fig, tmp, dpi=80):
             for k in frames:
                 for artist in dynamic:
                     artist.remove()

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.lines import Line2D
 
@@ -193,13 +192,6 @@ def _log(progress: bool, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _save(fig, path: Path) -> None:
-    try:
-        _io.savefig_atomic(fig, path, dpi=150)
-    finally:
-        plt.close(fig)  # pyplot keeps every open figure alive otherwise
-
-
 def _closed_form_time(gauss, attn) -> float | None:
     # Analytic t* where it applies (V commuting with M and Sigma0, e.g. V = I).
     try:
@@ -258,7 +250,7 @@ def run_gaussian(
     t1, ph = cfg["t1"], cfg["phase"]
 
     _log(progress, "drawing figures")
-    _save(
+    _io.save_figure(
         plotting.plot_covariance_ellipses(
             sols,
             title=(
@@ -267,12 +259,14 @@ def run_gaussian(
             ),
         ),
         out / "ellipses.png",
+        dpi=150,
     )
-    _save(
+    _io.save_figure(
         plotting.plot_covariance_eigenvalues(
             sols, title=rf"eigenvalues of $\Sigma(t)$ on [0, {t1:g}]"
         ),
         out / "eigenvalues.png",
+        dpi=150,
     )
     fig = plotting.plot_blowup_phase_diagram(
         phase["s"],
@@ -287,7 +281,7 @@ def run_gaussian(
     )
     if np.array_equal(np.asarray(cfg["V"]), np.eye(2)):
         _draw_global_boundary(fig.axes[0], phase["s"], phase["r"])
-    _save(fig, out / "phase.png")
+    _io.save_figure(fig, out / "phase.png", dpi=150)
     _io.save_npz_atomic(out / "gaussian.npz", **arrays)
 
     wall = time.perf_counter() - start

@@ -38,31 +38,39 @@ def _umask() -> int:
 
 
 @contextlib.contextmanager
-def _atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
-    """Open a temporary file next to `path`; on success move it onto `path`.
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """A temporary path next to `path`; on success the file there replaces `path`.
 
-    The temporary file keeps the real suffix (`.tmp-<random>.png`, not `.png.tmp`):
-    writers that infer the format from the name (matplotlib, `np.savez`) then
-    do the right thing. On error the temporary file is removed and `path` is
-    left untouched.
+    For writers that take a file name (movie writers, Pillow, ffmpeg). The
+    temporary name keeps the real suffix (`.tmp-<random>.png`, not `.png.tmp`):
+    writers that infer the format from the name then do the right thing. The file
+    is flushed to disk before the rename; on error it is removed and `path` is left
+    untouched.
     """
     path = Path(path)
     # Same directory: os.replace is only atomic within one filesystem.
     fd, tmp = tempfile.mkstemp(
         dir=path.parent, prefix=f".{path.stem}.tmp-", suffix=path.suffix
     )
+    os.close(fd)
     try:
+        yield Path(tmp)
         # mkstemp creates the file 0600; give it the usual 0666 & ~umask.
         os.chmod(tmp, 0o666 & ~_umask())
-        with os.fdopen(fd, mode) as f:
-            yield f
-            f.flush()
+        with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator[IO]:
+    """`atomic_path`, opened: write to the yielded file object."""
+    with atomic_path(path) as tmp, open(tmp, mode) as f:
+        yield f
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -112,6 +120,22 @@ def savefig_atomic(fig, path: str | os.PathLike, **kw: Any) -> None:
     fmt = kw.pop("format", None) or Path(path).suffix.lstrip(".") or None
     with _atomic_file(path, "wb") as f:
         fig.savefig(f, format=fmt, **kw)
+
+
+def save_figure(fig, path: str | os.PathLike, **kw: Any) -> None:
+    """`savefig_atomic`, then close the figure (pyplot keeps open figures alive).
+
+    Args:
+        fig: a `matplotlib.figure.Figure`.
+        path: destination file.
+        **kw: forwarded to `fig.savefig` (dpi, bbox_inches, ...).
+    """
+    import matplotlib.pyplot as plt
+
+    try:
+        savefig_atomic(fig, path, **kw)
+    finally:
+        plt.close(fig)
 
 
 def _version(dist: str) -> str | None:

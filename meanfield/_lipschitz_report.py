@@ -20,7 +20,6 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import jax.random as jr
-import matplotlib.pyplot as plt
 import numpy as np
 
 from . import _bert, _io, plotting
@@ -186,13 +185,6 @@ def _log(progress: bool, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
 
 
-def _save(fig, path: Path) -> None:
-    try:
-        _io.savefig_atomic(fig, path, dpi=150, bbox_inches="tight")
-    finally:
-        plt.close(fig)  # pyplot keeps every open figure alive otherwise
-
-
 def run_lipschitz(
     config: dict | None,
     out_dir: str | Path = "out/lipschitz",
@@ -277,7 +269,7 @@ def run_lipschitz(
 
     summary = _summary(cfg, study, real)
     _log(progress, "drawing figures")
-    _save(
+    _io.save_figure(
         plotting.plot_lipschitz_scaling(
             study,
             title=(
@@ -286,6 +278,8 @@ def run_lipschitz(
             ),
         ),
         out / "lipschitz.png",
+        dpi=150,
+        bbox_inches="tight",
     )
     arrays = {
         "ns": study.ns,
@@ -297,12 +291,14 @@ def run_lipschitz(
     if study.adversarial_converged is not None:
         arrays["adversarial_converged"] = study.adversarial_converged
     if real is not None:
-        _save(
+        _io.save_figure(
             plotting.plot_real_model_lipschitz(
                 real,
                 title=f"all-MiniLM-L6-v2 attention layers ({real.dtype})",
             ),
             out / "real_model.png",
+            dpi=150,
+            bbox_inches="tight",
         )
         arrays.update(
             real_model_lengths=real.lengths,

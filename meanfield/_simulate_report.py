@@ -217,17 +217,18 @@ def resolve_config(config: dict | None) -> dict:
     return out
 
 
-def _matrix_param(value, d: int, dtype):
+def _as_matrix(value, d: int) -> np.ndarray:
+    """A resolved matrix parameter: a list of rows as is, a number c as c I_d."""
     if isinstance(value, list):
-        return jnp.asarray(value, dtype)
-    return value * jnp.eye(d, dtype=dtype)
+        return np.asarray(value, np.float64)
+    return value * np.eye(d)
 
 
 def build_attention(cfg: dict, dtype):
     """The attention module of a resolved configuration."""
     att, d = cfg["attention"], cfg["d"]
     kwargs = {
-        name: _matrix_param(att[name], d, dtype)
+        name: jnp.asarray(_as_matrix(att[name], d), dtype)
         for name in ("A", "Q", "K")
         if name in att
     }
@@ -235,7 +236,8 @@ def build_attention(cfg: dict, dtype):
         kwargs.update(kernel=att["sinkhorn_kernel"], max_iter=att["sinkhorn_max_iter"])
     if att["kind"] in ("softmax", "l2", "sinkhorn"):
         kwargs["blocking"] = att["blocking"]
-    return KINDS[att["kind"]](_matrix_param(att["V"], d, dtype), **kwargs)
+    V = jnp.asarray(_as_matrix(att["V"], d), dtype)
+    return KINDS[att["kind"]](V, **kwargs)
 
 
 def initial_measure(cfg: dict, seed: int, dtype):
@@ -454,12 +456,6 @@ def _solution(ckpt: "_Checkpoint", save_ts: np.ndarray, measure) -> Solution:
     )
 
 
-def _value_matrix(cfg: dict) -> np.ndarray:
-    V = cfg["attention"]["V"]
-    d = cfg["d"]
-    return np.asarray(V, np.float64) if isinstance(V, list) else V * np.eye(d)
-
-
 def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
     """Clusters of a finished run: (summary, positions clustered (T, n, d), counts).
 
@@ -467,12 +463,29 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
     z = e^{-tV} x (Geshkovski et al., 2023), whose limits are the clusters.
     """
     on_sphere = cfg["normalization"] == "sphere"
-    V = _value_matrix(cfg)
+    d, tol, weights = cfg["d"], cfg["cluster_tol"], sol.initial.weights
+    V = _as_matrix(cfg["attention"]["V"], d)
     points = np.asarray(sol.x) if on_sphere else np.asarray(_clustering.rescale(sol, V))
-    counts = _clustering.cluster_counts(points, cfg["cluster_tol"], ts=sol.ts)
+    counts = _clustering.cluster_counts(points, tol, ts=sol.ts)
     reached = np.flatnonzero(np.isfinite(np.asarray(sol.ts)))
     final = points[reached[-1]]
-    found = _clustering.detect(final, cfg["cluster_tol"], weights=sol.initial.weights)
+    A = cfg["attention"].get("A")
+    # V = I and A positive definite (unmasked softmax in R^d): the limits sit on a
+    # convex polytope (Geshkovski et al., 2023).
+    on_polytope = (
+        not on_sphere
+        and not cfg["masked"]
+        and cfg["attention"]["kind"] == "softmax"
+        and np.array_equal(V, np.eye(d))
+        and A is not None
+        and d >= 2
+        and np.linalg.eigvalsh(_as_matrix(A, d) + _as_matrix(A, d).T)[0] > 0
+    )
+    poly = _clustering.polytope(final, tol, weights=weights) if on_polytope else None
+    if poly is not None:
+        found = poly.clusters
+    else:
+        found = _clustering.detect(final, tol, weights=weights)
     summary = {
         "status": sol.status,
         "t_final": float(sol.t_final),
@@ -492,20 +505,7 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
         tol = _clustering.CONSENSUS_TOL
         summary["one_cluster_time"] = _clustering.consensus_time(sol, tol)
         summary["one_cluster_tol"] = tol
-    A = cfg["attention"].get("A")
-    if (
-        not on_sphere
-        and not cfg["masked"]
-        and cfg["attention"]["kind"] == "softmax"
-        and np.array_equal(V, np.eye(cfg["d"]))
-        and A is not None
-        and np.linalg.eigvalsh(_sym(A, cfg["d"]))[0] > 0
-        and cfg["d"] >= 2
-    ):
-        # V = I, A positive definite: the limits sit on a convex polytope.
-        poly = _clustering.polytope(
-            final, cfg["cluster_tol"], weights=sol.initial.weights
-        )
+    if poly is not None:
         summary["polytope"] = {
             "vertices": len(poly.vertices),
             "dim": poly.dim,
@@ -513,16 +513,6 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
             "fraction_at_vertices": poly.fraction_at_vertices,
         }
     return summary, points, counts
-
-
-def _sym(A, d: int) -> np.ndarray:
-    M = np.asarray(A, np.float64) if isinstance(A, list) else A * np.eye(d)
-    return (M + M.T) / 2
-
-
-def _save(fig, path: Path) -> None:
-    _io.savefig_atomic(fig, path, dpi=120)
-    plt.close(fig)
 
 
 def write_figures(cfg: dict, sol: Solution, points, counts, out: Path, progress: bool):
@@ -544,14 +534,14 @@ def write_figures(cfg: dict, sol: Solution, points, counts, out: Path, progress:
         ax.plot(ts, points[:, :, 0], lw=0.6)
         ax.set_xlabel("t")
         ax.set_ylabel("x" if on_sphere else "z = exp(-tV) x")
-    _save(fig, out / "trajectories.png")
+    _io.save_figure(fig, out / "trajectories.png", dpi=120)
     what = "x" if on_sphere else "z = exp(-tV) x"
     fig = plotting.plot_cluster_counts(
         counts.ts, counts.counts, tol=counts.tol, title=f"clusters of {what}"
     )
-    _save(fig, out / "clusters.png")
+    _io.save_figure(fig, out / "clusters.png", dpi=120)
     if not on_sphere:
-        _save(plotting.plot_radius(sol), out / "radius.png")
+        _io.save_figure(plotting.plot_radius(sol), out / "radius.png", dpi=120)
     if cfg["animation"] != "none":
         path = out / f"tokens.{cfg['animation']}"
         if on_sphere:

@@ -69,13 +69,6 @@ def _sphere_snapshots(sol, clusters_final: int):
     return fig
 
 
-def _save(fig, path: Path) -> None:
-    try:
-        _io.savefig_atomic(fig, path, dpi=150)
-    finally:
-        plt.close(fig)  # pyplot keeps every open figure alive otherwise
-
-
 def run_clustering(
     out_dir: str | Path = "out/clustering",
     *,
@@ -201,9 +194,10 @@ def run_clustering(
         weights=mu.weights,
     )
     if d == 3:
-        _save(
+        _io.save_figure(
             _sphere_snapshots(sol_s, summary["sphere"]["clusters_final"]),
             out / "sphere.png",
+            dpi=150,
         )
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.8), layout="constrained")
     for ax, dims in zip(axes, [(0, 1), (0, 2), (1, 2)], strict=True):
@@ -212,15 +206,16 @@ def run_clustering(
         else:
             ax.set_axis_off()
     fig.suptitle(f"trajectories on the sphere S^{d - 1}, n = {n}")
-    _save(fig, out / "sphere_trajectories.png")
+    _io.save_figure(fig, out / "sphere_trajectories.png", dpi=150)
     if d >= 3:
-        _save(
+        _io.save_figure(
             plotting.plot_trajectories_3d(
                 np.asarray(z_r)[:, :, :3],
                 sol_r.ts,
                 title=r"rescaled tokens $z(t) = e^{-t} x(t)$ in $\mathbb{R}^d$",
             ),
             out / "rescaled.png",
+            dpi=150,
         )
 
     fig, ax = plt.subplots(figsize=(6.0, 4.0), layout="constrained")
@@ -234,7 +229,7 @@ def run_clustering(
         f"clusters against t (single linkage, automatic tolerance), n = {n}",
         fontsize="medium",
     )
-    _save(fig, out / "clusters.png")
+    _io.save_figure(fig, out / "clusters.png", dpi=150)
     plotting.animate(
         sol_s, out / "tokens.gif", max_frames=max_frames, progress=progress
     )

@@ -51,6 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import meanfield as mf
+from meanfield._bench import floor_seconds
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
 
@@ -181,11 +182,6 @@ STYLE = {
 MARKERS = "os^Dv"
 
 
-def floor_rate(floor, d):
-    """Interactions/s at the floor: n^2 exps + 4 n^2 d flops at measured rates."""
-    return 1 / (1 / floor["exp_per_second"] + 4 * d / floor["matmul_flops_per_second"])
-
-
 def plot_bench(result, title, ds=None):
     """Interactions/s and peak memory against n, per implementation and d.
 
@@ -213,7 +209,8 @@ def plot_bench(result, title, ds=None):
             ax_m.plot(ns, np.array(peak, float) / MiB, **style, label=label)
     ns_all = [r["n"] for r in result["records"]]
     for marker, d in zip(MARKERS, ds, strict=False):
-        rate = floor_rate(result["floor"]["used"], d)
+        # The floor of one interaction: 1 exp + 4 d flops at the measured rates.
+        rate = 1 / floor_seconds(1, d, result["floor"]["used"])
         ax_r.plot(
             [min(ns_all), max(ns_all)],
             [rate, rate],
