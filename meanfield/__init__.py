@@ -2,62 +2,86 @@
 
 Measures (particles, masked particles, Gaussians), attention velocity fields
 (softmax, L2, Sinkhorn, multi-head, ill-posed kernels), and particle dynamics.
+
+Names are loaded on first use (PEP 562): `import meanfield` imports neither JAX nor
+matplotlib, so `meanfield --help` answers at once and `mf.plotting` costs nothing
+until it is touched.
 """
 
-from . import bert, clustering, gaussian, lipschitz, wasserstein
-from ._attention.base import AbstractAttention, AbstractKernelAttention
-from ._attention.ill_posed import (
-    AbstractIllPosedAttention,
-    LinearAttention,
-    ReLUAttention,
-    SigmoidAttention,
-    UnnormalizedAttention,
-)
-from ._attention.l2 import L2Attention
-from ._attention.multihead import MultiHeadAttention
-from ._attention.sinkhorn import SinkhornAttention, SinkhornPotentials
-from ._attention.softmax import SoftmaxAttention
-from ._dynamics import SOLVERS, Solution, layers, simulate
-from ._measures import (
-    AbstractMeasure,
-    AbstractParticles,
-    Gaussian,
-    MaskedParticles,
-    Particles,
-)
-from ._params import PiecewiseConstant
-from ._sharding import particle_mesh, shard
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AbstractAttention",
-    "AbstractIllPosedAttention",
-    "AbstractKernelAttention",
-    "AbstractMeasure",
-    "AbstractParticles",
-    "Gaussian",
-    "L2Attention",
-    "LinearAttention",
-    "MaskedParticles",
-    "MultiHeadAttention",
-    "Particles",
-    "PiecewiseConstant",
-    "ReLUAttention",
-    "SOLVERS",
-    "SigmoidAttention",
-    "SinkhornAttention",
-    "SinkhornPotentials",
-    "SoftmaxAttention",
-    "Solution",
-    "UnnormalizedAttention",
-    "bert",
-    "clustering",
-    "gaussian",
-    "layers",
-    "lipschitz",
-    "particle_mesh",
-    "shard",
-    "simulate",
-    "wasserstein",
-]
+# Public name -> the module that defines it (relative to this package).
+_ENGINE = {
+    "AbstractAttention": "._attention.base",
+    "AbstractKernelAttention": "._attention.base",
+    "AbstractIllPosedAttention": "._attention.ill_posed",
+    "LinearAttention": "._attention.ill_posed",
+    "ReLUAttention": "._attention.ill_posed",
+    "SigmoidAttention": "._attention.ill_posed",
+    "UnnormalizedAttention": "._attention.ill_posed",
+    "L2Attention": "._attention.l2",
+    "MultiHeadAttention": "._attention.multihead",
+    "SinkhornAttention": "._attention.sinkhorn",
+    "SinkhornPotentials": "._attention.sinkhorn",
+    "SoftmaxAttention": "._attention.softmax",
+    "SOLVERS": "._dynamics",
+    "Solution": "._dynamics",
+    "layers": "._dynamics",
+    "simulate": "._dynamics",
+    "AbstractMeasure": "._measures",
+    "AbstractParticles": "._measures",
+    "Gaussian": "._measures",
+    "MaskedParticles": "._measures",
+    "Particles": "._measures",
+    "PiecewiseConstant": "._params",
+    "particle_mesh": "._sharding",
+    "shard": "._sharding",
+}
+# Public namespaces (subpackages).
+_NAMESPACES = ("bert", "clustering", "gaussian", "lipschitz", "plotting", "wasserstein")
+
+__all__ = sorted([*_ENGINE, *_NAMESPACES])
+
+
+def __getattr__(name: str):
+    if name in _ENGINE:
+        value = getattr(importlib.import_module(_ENGINE[name], __name__), name)
+    elif name in _NAMESPACES:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
+    from . import bert, clustering, gaussian, lipschitz, plotting, wasserstein
+    from ._attention.base import AbstractAttention, AbstractKernelAttention
+    from ._attention.ill_posed import (
+        AbstractIllPosedAttention,
+        LinearAttention,
+        ReLUAttention,
+        SigmoidAttention,
+        UnnormalizedAttention,
+    )
+    from ._attention.l2 import L2Attention
+    from ._attention.multihead import MultiHeadAttention
+    from ._attention.sinkhorn import SinkhornAttention, SinkhornPotentials
+    from ._attention.softmax import SoftmaxAttention
+    from ._dynamics import SOLVERS, Solution, layers, simulate
+    from ._measures import (
+        AbstractMeasure,
+        AbstractParticles,
+        Gaussian,
+        MaskedParticles,
+        Particles,
+    )
+    from ._params import PiecewiseConstant
+    from ._sharding import particle_mesh, shard

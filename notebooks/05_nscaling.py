@@ -51,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import meanfield as mf
-from meanfield._bench import floor_seconds
+from meanfield._app.bench import floor_seconds
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
 
@@ -145,7 +145,8 @@ with tempfile.TemporaryDirectory(prefix="meanfield_bench_") as tmp:
     bench_dir = Path(tmp) if SMOKE_TEST else OUT / "05_bench"
     path = bench_dir / "nscaling_notebook.json"
     if SMOKE_TEST:
-        from meanfield import _bench, _io
+        from meanfield import _io
+        from meanfield._app import bench as _bench
 
         result = _bench.run(
             [256, 1024],
@@ -158,7 +159,7 @@ with tempfile.TemporaryDirectory(prefix="meanfield_bench_") as tmp:
         )
         _io.write_manifest(path, result)
     else:
-        from meanfield.cli import main
+        from meanfield._app.cli import main
 
         start = time.perf_counter()
         argv = ["bench", "--quick", "--name", "notebook", "--out", str(bench_dir)]

@@ -11,7 +11,8 @@ from matplotlib import animation
 from PIL import Image
 
 import meanfield as mf
-from meanfield import _animation, _status, plotting
+from meanfield import _status, plotting
+from meanfield.plotting import _animation
 
 # Solutions are built from closed-form paths, not `mf.simulate`: compiling a solve
 # takes seconds, rendering these frames a fraction of one. `test_simulated_*`

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from meanfield import _bench
+from meanfield._app import bench as _bench
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_unknown_impl():
 
 
 def test_bench_command_writes_results_and_rejects_bad_config(tmp_path, capsys):
-    from meanfield.cli import main
+    from meanfield._app.cli import main
 
     good = tmp_path / "bench.toml"
     good.write_text(

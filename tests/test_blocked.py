@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import meanfield as mf
-from meanfield import _blocked
+from meanfield._kernels import blocked as _blocked
 
 # n = 101 queries/keys against blocks of 24: n is not a multiple of the block.
 N, D, BLOCK = 101, 3, 24
@@ -86,7 +86,7 @@ def test_blocked_queries_differ_from_keys_and_empty_rows():
     b, v = rng.normal(size=53), rng.normal(size=(53, 2))
     qp, kp = rng.random(37), rng.random(53)
     qp[0] = -1.0  # sees no key: velocity 0, as the dense kernel defines it
-    from meanfield._attention import _kernels
+    from meanfield._kernels import dense as _kernels
 
     dense = _kernels.softmax_average(
         _kernels.logits(q, k, b), v, _kernels.causal_mask(qp, kp)

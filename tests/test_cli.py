@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 
-from meanfield.cli import main
+from meanfield._app.cli import main
 
 
 def test_demo_tour_writes_the_three_headline_figures_and_manifests(tmp_path, capsys):

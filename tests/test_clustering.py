@@ -13,7 +13,7 @@ from scipy.cluster.hierarchy import linkage
 from scipy.spatial.distance import cdist
 
 import meanfield as mf
-from meanfield import _clustering
+from meanfield.clustering import _clustering
 
 C = mf.clustering
 D = 3

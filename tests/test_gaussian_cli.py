@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from meanfield.cli import main
+from meanfield._app.cli import main
 
 SMALL = """\
 t1 = 2.0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import meanfield as mf
-from meanfield._lipschitz_search import random_ball
+from meanfield.lipschitz._search import random_ball
 
 L = mf.lipschitz
 

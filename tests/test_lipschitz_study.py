@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import meanfield as mf
-import meanfield._bert as bert
-from meanfield import _lipschitz_report as report
+import meanfield.bert._bert as bert
+from meanfield._app import lipschitz_report as report
 from meanfield import plotting
-from meanfield._lipschitz_search import random_ball
-from meanfield.cli import main
+from meanfield.lipschitz._search import random_ball
+from meanfield._app.cli import main
 
 L = mf.lipschitz
 

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from meanfield import _simulate_report
-from meanfield.cli import main
+from meanfield._app import simulate_report as _simulate_report
+from meanfield._app.cli import main
 
 # Tiny runs: n = 12 tokens, 9 save times in 4 segments.
 SPHERE = 'n = 12\nd = 3\nt1 = 4.0\nsaves = 9\nsegments = 4\nanimation = "gif"\n'

@@ -12,8 +12,9 @@ from scipy.integrate import quad
 from scipy.optimize import linprog
 
 import meanfield as mf
-from meanfield import _blocked, plotting
-from meanfield._stability import hardy_constant
+from meanfield import plotting
+from meanfield._kernels import blocked as _blocked
+from meanfield.wasserstein._stability import hardy_constant
 
 matplotlib.use("Agg")
 W = mf.wasserstein

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from .._custom_types import Param, ParamLike
-from . import _kernels
+from .._kernels import dense as _kernels
 from .base import (
     AbstractAttention,
     bilinear_features,

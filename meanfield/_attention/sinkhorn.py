@@ -10,10 +10,10 @@ import optimistix as optx
 from jax.scipy.special import logsumexp
 from jaxtyping import Array, Bool, Float, Int
 
-from .. import _blocked
+from .._kernels import blocked as _blocked
 from .._custom_types import Param, ParamLike
 from .._measures import AbstractParticles, MaskedParticles
-from . import _kernels
+from .._kernels import dense as _kernels
 from .base import (
     QUERY_BLOCKS,
     AbstractAttention,

@@ -22,11 +22,12 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
-from . import _bert, _io, plotting
-from ._attention.softmax import SoftmaxAttention
-from ._config import check_keys, int_list, integer, matrix, number, short, square
-from ._gaussian_report import _fmt
-from ._lipschitz_study import real_model_study, scaling_study
+from .. import _io, plotting
+from ..bert import _bert
+from .._attention.softmax import SoftmaxAttention
+from .config import check_keys, int_list, integer, matrix, number, short, square
+from .gaussian_report import _fmt
+from ..lipschitz._study import real_model_study, scaling_study
 
 DEFAULTS: dict = {
     "A": [[-1.0, 0.0], [0.0, -1.0]],

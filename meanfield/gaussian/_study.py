@@ -7,13 +7,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
-from . import _status
-from ._attention.base import AbstractAttention
-from ._dynamics import simulate as simulate_particles
-from ._gaussian_ode import GaussianSolution
-from ._gaussian_ode import simulate as simulate_gaussian
-from ._gaussian_velocity import safe_eigh
-from ._measures import Gaussian
+from .. import _status
+from .._attention.base import AbstractAttention
+from .._dynamics import simulate as simulate_particles
+from ._ode import GaussianSolution
+from ._ode import simulate as simulate_gaussian
+from ._velocity import safe_eigh
+from .._measures import Gaussian
 
 
 class BlowupStudy(eqx.Module):

@@ -4,21 +4,21 @@ Public namespace `mf.gaussian` (Castin, Ablin, Carrillo & Peyre, "A Unified
 Perspective on the Dynamics of Deep Transformers", 2025; formulas in MATH.md s. 3).
 """
 
-from ._gaussian_ode import (
+from ._ode import (
     ClosedForm,
     GaussianSolution,
     blowup_time,
     closed_form,
     simulate,
 )
-from ._gaussian_study import (
+from ._study import (
     BlowupStudy,
     ParticleComparison,
     blowup_times,
     compare_particles,
     numerical_rank,
 )
-from ._gaussian_velocity import velocity
+from ._velocity import velocity
 
 __all__ = [
     "BlowupStudy",

@@ -8,12 +8,12 @@ field and mu(t) stays Gaussian (Castin, Ablin, Carrillo & Peyre, 2025).
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._attention.base import AbstractAttention, interaction_matrix, param_at
-from ._attention.l2 import L2Attention
-from ._attention.multihead import MultiHeadAttention, heads_with_outputs
-from ._attention.sinkhorn import SinkhornAttention
-from ._attention.softmax import SoftmaxAttention
-from ._measures import Gaussian
+from .._attention.base import AbstractAttention, interaction_matrix, param_at
+from .._attention.l2 import L2Attention
+from .._attention.multihead import MultiHeadAttention, heads_with_outputs
+from .._attention.sinkhorn import SinkhornAttention
+from .._attention.softmax import SoftmaxAttention
+from .._measures import Gaussian
 
 SUPPORTED = (SoftmaxAttention, L2Attention, SinkhornAttention, MultiHeadAttention)
 

@@ -8,7 +8,7 @@ R(t) <= e^{int |V|} R_0 (Geshkovski et al., 2023). Formulas: MATH.md s. 4.
 """
 
 from ._stability import Stability, gronwall_bound, stability
-from ._wasserstein import Distance, conditional, distance, gaussian_w2
+from ._distance import Distance, conditional, distance, gaussian_w2
 
 __all__ = [
     "Distance",

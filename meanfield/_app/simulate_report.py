@@ -26,19 +26,20 @@ import matplotlib.pyplot as plt
 import numpy as np
 from tqdm.auto import tqdm
 
-from . import _clustering, _io, _status, plotting
-from ._attention.ill_posed import (
+from .. import _io, _status, plotting
+from ..clustering import _clustering
+from .._attention.ill_posed import (
     LinearAttention,
     ReLUAttention,
     SigmoidAttention,
     UnnormalizedAttention,
 )
-from ._attention.l2 import L2Attention
-from ._attention.sinkhorn import SinkhornAttention
-from ._attention.softmax import SoftmaxAttention
-from ._config import check_keys, integer, is_number, matrix, number, short
-from ._dynamics import SOLVERS, Solution, simulate
-from ._measures import MaskedParticles, Particles
+from .._attention.l2 import L2Attention
+from .._attention.sinkhorn import SinkhornAttention
+from .._attention.softmax import SoftmaxAttention
+from .config import check_keys, integer, is_number, matrix, number, short
+from .._dynamics import SOLVERS, Solution, simulate
+from .._measures import MaskedParticles, Particles
 
 DEFAULTS: dict = {
     "n": 256,

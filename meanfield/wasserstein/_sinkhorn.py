@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
-from . import _blocked
-from ._attention._kernels import log_weights
+from .._kernels import blocked as _blocked
+from .._kernels.dense import log_weights
 
 # Above this many cost entries (n * m) the dense path would hold > 128 MiB in float64.
 DENSE_MAX_ENTRIES = 4096 * 4096

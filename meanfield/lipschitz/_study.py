@@ -21,11 +21,11 @@ import numpy as np
 from jaxtyping import ArrayLike, PRNGKeyArray
 from tqdm import tqdm
 
-from ._attention.base import AbstractAttention
-from ._attention.softmax import SoftmaxAttention
-from ._bert import BertModel, attention_layer, hidden_states
-from ._lipschitz import adversarial, local, lower_bound, token_dim, upper_bound
-from ._lipschitz_search import adversarial_search, random_ball
+from .._attention.base import AbstractAttention
+from .._attention.softmax import SoftmaxAttention
+from ..bert._bert import BertModel, attention_layer, hidden_states
+from ._local import adversarial, local, lower_bound, token_dim, upper_bound
+from ._search import adversarial_search, random_ball
 
 
 def fit_slope(ns: ArrayLike, values: ArrayLike) -> float:

@@ -146,7 +146,7 @@ def _run_configured(name: str, args, resolve, run, summarize) -> int:
 
 
 def _run_gaussian(args: argparse.Namespace) -> int:
-    from . import _gaussian_report as report
+    from . import gaussian_report as report
 
     return _run_configured(
         "gaussian",
@@ -183,7 +183,7 @@ def _add_gaussian(subparsers) -> None:
 
 
 def _run_lipschitz(args: argparse.Namespace) -> int:
-    from . import _lipschitz_report as report
+    from . import lipschitz_report as report
 
     def resolve(raw):
         # A requested real model that is not installed is a configuration error.
@@ -225,7 +225,7 @@ def _add_lipschitz(subparsers) -> None:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from . import _simulate_report as report
+    from . import simulate_report as report
 
     def resolve(raw):
         # A checkpoint of another run in --out is a configuration error.
@@ -284,7 +284,7 @@ def _add_simulate(subparsers) -> None:
 
 def _run_bench(args: argparse.Namespace) -> int:
     _use_agg()
-    from ._bench_report import main as bench_main
+    from .bench_report import main as bench_main
 
     return bench_main(args.bench_args)
 
@@ -309,7 +309,7 @@ def _add_bench(subparsers) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog="meanfield",

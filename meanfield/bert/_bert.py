@@ -30,18 +30,18 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from ._attention.base import (
+from .._attention.base import (
     AbstractKernelAttention,
     bilinear_features,
     check_blocking,
     init_params,
     param_at,
 )
-from ._attention.multihead import MultiHeadAttention
-from ._checks import check_values
-from ._custom_types import Param, ParamLike
-from ._io import atomic_write_bytes, atomic_write_text
-from ._params import as_param
+from .._attention.multihead import MultiHeadAttention
+from .._checks import check_values
+from .._custom_types import Param, ParamLike
+from .._io import atomic_write_bytes, atomic_write_text
+from .._params import as_param
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"

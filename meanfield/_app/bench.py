@@ -169,13 +169,13 @@ def numpy_velocity(x: np.ndarray, A: np.ndarray, V: np.ndarray) -> np.ndarray:
 
 
 def _attention(A, V, blocking: str, block_size: int):
-    from ._attention.softmax import SoftmaxAttention
+    from .._attention.softmax import SoftmaxAttention
 
     return SoftmaxAttention(V, A=A, blocking=blocking, block_size=block_size)
 
 
 def _library_velocity(blocking: str, block_size: int):
-    from ._measures import Particles
+    from .._measures import Particles
 
     def velocity(x, A, V):
         attn = _attention(A, V, blocking, block_size)
@@ -301,8 +301,8 @@ def _numpy_peak(x, A, V) -> int:
 
 def _solve(impl, x, A, V, *, steps, block_size, max_bytes, budget) -> dict:
     """Time `steps` Euler steps of `mf.simulate` with this implementation."""
-    from ._dynamics import simulate
-    from ._measures import Particles
+    from .._dynamics import simulate
+    from .._measures import Particles
 
     blocking = {"jax_dense": "dense", "jax_blocked": "blocked"}[impl]
     dt = 1 / 16  # exact in binary: the solve takes exactly `steps` steps

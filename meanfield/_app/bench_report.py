@@ -22,7 +22,8 @@ import jax
 import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 
-from . import _bench, _io
+from .. import _io
+from . import bench as _bench
 
 COLORS = {
     "numpy": "tab:blue",

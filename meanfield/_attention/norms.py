@@ -9,10 +9,10 @@ osc_y phi <= c_o R^2. Derivation in `_stability`'s module docstring.
 import jax
 import jax.numpy as jnp
 
-from ._attention.base import interaction_matrix, param_at
-from ._attention.l2 import L2Attention
-from ._attention.multihead import MultiHeadAttention, heads_with_outputs
-from ._attention.softmax import SoftmaxAttention
+from .base import interaction_matrix, param_at
+from .l2 import L2Attention
+from .multihead import MultiHeadAttention, heads_with_outputs
+from .softmax import SoftmaxAttention
 
 
 def norm2(M) -> jax.Array:

@@ -13,19 +13,19 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from . import _status
-from ._attention.base import AbstractAttention, interaction_matrix, param_at
-from ._attention.l2 import L2Attention
-from ._attention.multihead import MultiHeadAttention, heads_with_outputs
-from ._attention.softmax import SoftmaxAttention
-from ._checks import is_traced
-from ._dynamics import save_times
-from ._gaussian_velocity import (
+from .. import _status
+from .._attention.base import AbstractAttention, interaction_matrix, param_at
+from .._attention.l2 import L2Attention
+from .._attention.multihead import MultiHeadAttention, heads_with_outputs
+from .._attention.softmax import SoftmaxAttention
+from .._checks import is_traced
+from .._dynamics import save_times
+from ._velocity import (
     _affine,
     check_supported,
     safe_eigh,
 )
-from ._measures import Gaussian
+from .._measures import Gaussian
 
 
 class GaussianSolution(eqx.Module):

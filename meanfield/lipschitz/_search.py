@@ -15,8 +15,8 @@ import jax.random as jr
 import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ._attention.base import AbstractAttention
-from ._lipschitz import _measure, adversarial, local, token_dim
+from .._attention.base import AbstractAttention
+from ._local import _measure, adversarial, local, token_dim
 
 
 class SearchResult(eqx.Module):

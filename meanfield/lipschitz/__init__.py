@@ -7,7 +7,7 @@ layers of a real encoder against the sequence length: `scaling_study`,
 `real_model_study`.
 """
 
-from ._lipschitz import (
+from ._local import (
     LipschitzResult,
     adversarial,
     local,
@@ -17,8 +17,8 @@ from ._lipschitz import (
     meanfield_bound,
     upper_bound,
 )
-from ._lipschitz_search import SearchResult, adversarial_search
-from ._lipschitz_study import (
+from ._search import SearchResult, adversarial_search
+from ._study import (
     RealModelStudy,
     ScalingStudy,
     fit_slope,

@@ -25,8 +25,16 @@ from matplotlib.ticker import MaxNLocator
 from mpl_toolkits.mplot3d.art3d import Line3DCollection
 from PIL import Image
 
-from ._dynamics import Solution
-from ._io import atomic_path
+from .._dynamics import Solution
+from .._io import atomic_path
+from ._common import (
+    _colors,
+    _equal_3d_limits,
+    _local_mass,
+    _reached_rows,
+    _subsample,
+    _unit_sphere_wireframe,
+)
 
 KINDS = ("auto", "sphere", "3d", "2d")
 SUFFIXES = (".gif", ".mp4")
@@ -178,9 +186,6 @@ def _axes(fig: Figure, kind: str, x: np.ndarray, dims) -> tuple:
     of the extent); `eye` the unit vector towards the viewer on the sphere, else
     None.
     """
-    # See `animate`: imported here, so there is no import cycle.
-    from .plotting import _equal_3d_limits, _unit_sphere_wireframe
-
     eye = None
     if kind == "2d":
         ax = fig.add_axes((0.14, 0.1, 0.82, 0.8))
@@ -293,10 +298,6 @@ def animate(
             two distinct coordinates in [0, d), `fps` <= 0, `max_frames` < 1,
             `trail` < 0, `max_particles` < 1, or no finite saved state.
     """
-    # `plotting` re-exports this function, so its helpers are imported when
-    # called, not when this module is: no import cycle.
-    from . import plotting
-
     path = Path(path)
     if path.suffix.lower() not in SUFFIXES:
         raise ValueError(f"`path` must end in one of {SUFFIXES}; got {str(path)!r}.")
@@ -309,7 +310,7 @@ def animate(
     if kind not in KINDS:
         raise ValueError(f"`kind` must be one of {KINDS}; got {kind!r}.")
     ts, x, weights = _trajectories(sol, x, ts)
-    ts, x = plotting._reached_rows(ts, x)
+    ts, x = _reached_rows(ts, x)
     kind = _resolve_kind(kind, x)
     d = x.shape[2]
     if kind == "2d":
@@ -318,7 +319,7 @@ def animate(
             raise ValueError(
                 f"`dims` must be two distinct coordinates in [0, {d}); got {dims}."
             )
-    keep = plotting._subsample(x.shape[1], max_particles)
+    keep = _subsample(x.shape[1], max_particles)
     rows = _frame_rows(x.shape[0], int(max_frames))
     ts, x = ts[rows], x[rows][:, keep]
     weights = weights[keep]
@@ -327,7 +328,7 @@ def animate(
     weights = weights / total if total > 0 else np.full_like(weights, 1 / weights.size)
     if kind == "2d":
         x = x[:, :, list(dims)]
-    colors = plotting._colors(x[0])
+    colors = _colors(x[0])
     writer = _writer(path, fps)  # raises before any rendering if ffmpeg is missing
 
     fig = Figure(figsize=(_SIZE_INCHES, _SIZE_INCHES), dpi=80)
@@ -343,7 +344,7 @@ def animate(
             for k in frames:
                 for artist in dynamic:
                     artist.remove()
-                sizes = _sizes(x[k], weights, cell, plotting._local_mass)
+                sizes = _sizes(x[k], weights, cell, _local_mass)
                 dynamic = _draw_frame(ax, kind, x, k, trail, colors, sizes, eye)
                 label = f"t = {ts[k]:.3g}"
                 ax.set_title(f"{title}   {label}" if title else label)

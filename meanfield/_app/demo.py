@@ -24,10 +24,13 @@ import jax.random as jr
 import matplotlib.pyplot as plt
 import numpy as np
 
-from . import _clustering, _gaussian_report, _io, _lipschitz_report, plotting
-from ._attention.softmax import SoftmaxAttention
-from ._dynamics import simulate
-from ._measures import Particles
+from .. import _io, plotting
+from ..clustering import _clustering
+from . import gaussian_report as _gaussian_report
+from . import lipschitz_report as _lipschitz_report
+from .._attention.softmax import SoftmaxAttention
+from .._dynamics import simulate
+from .._measures import Particles
 
 #: Save times per run (including both ends).
 NUM_SAVES = 121

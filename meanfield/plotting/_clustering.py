@@ -1,0 +1,125 @@
+"""The number of clusters over time (with the tolerance used, on a twin axis)."""
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from ._common import _new_axes
+
+_TOL_AXES_LABEL = "meanfield: tolerance"
+
+
+def _tolerance_axes(ax):
+    """The twin y-axis holding tolerance curves of `ax`, created on first use."""
+    for other in ax.figure.axes:
+        if (
+            other is not ax
+            and other.get_label() == _TOL_AXES_LABEL
+            and other.get_shared_x_axes().joined(ax, other)
+        ):
+            return other
+    twin = ax.twinx()
+    twin.set_label(_TOL_AXES_LABEL)
+    twin.set_yscale("log")
+    twin.set_ylabel("tolerance (dashed)")
+    return twin
+
+
+def plot_cluster_counts(
+    ts,
+    counts,
+    *,
+    tol=None,
+    ax=None,
+    title: str | None = None,
+    label: str | None = None,
+) -> Figure:
+    """Number of clusters against t, as a step plot.
+
+    Tokens under self-attention merge into clusters (Geshkovski, Letrouit,
+    Polyanskiy & Rigollet, 2023): the count is piecewise constant and, in the
+    long run, non-increasing. The y-axis is logarithmic when the counts span more
+    than a factor 10 (from n tokens down to a few clusters), with plain integer
+    labels. Call again on the same `ax` to compare runs (`label` names each
+    curve). Times that are not finite (save times after an early stop) are
+    skipped.
+
+    Args:
+        ts: times, shape (T,).
+        counts: number of clusters at each time, shape (T,).
+        tol: the clustering tolerance: a scalar, given in the legend, or one per
+            time, shape (T,), drawn dashed against a logarithmic right axis when
+            it varies. None for no annotation.
+        ax: 2-D axes to draw on; None creates a figure.
+        title: axes title; None for a default.
+        label: legend label of this curve; None for none (unless `tol` is given).
+
+    Returns:
+        The figure.
+
+    Raises:
+        ValueError: `ts`, `counts` or `tol` of the wrong shape, no finite time,
+            or a negative count.
+    """
+    ts = np.asarray(ts, dtype=float)
+    counts = np.asarray(counts)
+    if ts.ndim != 1:
+        raise ValueError(f"`ts` must have shape (T,); got shape {ts.shape}.")
+    if counts.shape != ts.shape:
+        raise ValueError(
+            f"`counts` must have shape {ts.shape} to match `ts`; got {counts.shape}."
+        )
+    tols = None if tol is None else np.asarray(tol, dtype=float)
+    if tols is not None and tols.shape not in ((), ts.shape):
+        raise ValueError(
+            f"`tol` must be a scalar or have shape {ts.shape}; got {tols.shape}."
+        )
+    keep = np.isfinite(ts) & np.isfinite(counts.astype(float))
+    if not keep.any():
+        raise ValueError("no finite time with a finite count: nothing to plot.")
+    ts, counts = ts[keep], counts[keep]
+    if np.any(counts < 0):
+        raise ValueError("`counts` must be nonnegative.")
+    if tols is not None and tols.ndim == 1:
+        tols = tols[keep]
+        finite_tols = tols[np.isfinite(tols)]
+        if finite_tols.size and np.all(finite_tols == finite_tols[0]):
+            tols = finite_tols[0]  # constant: annotate once, in the legend
+    fig, ax = _new_axes(ax, figsize=(6.0, 4.0))
+    text = label
+    if tols is not None and tols.ndim == 0:
+        suffix = f"tol = {float(tols):.3g}"
+        text = f"{label} ({suffix})" if label else suffix
+    (line,) = ax.step(ts, counts, where="post", label=text)
+    positive = counts[counts > 0]
+    if positive.size and positive.max() > 10 * positive.min():
+        ax.set_yscale("log")
+    if ax.get_yscale() == "log":
+        # Plain numbers (2, 50, 200), not 2 x 10^0: counts are integers.
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(
+            FuncFormatter(lambda v, _: f"{v:g}" if f"{v:.0e}"[0] in "25" else "")
+        )
+    else:
+        ax.yaxis.get_major_locator().set_params(integer=True)
+    handles = []
+    if tols is not None and tols.ndim == 1:
+        twin = _tolerance_axes(ax)
+        ok = np.isfinite(tols) & (tols > 0)
+        twin.plot(
+            ts[ok],
+            tols[ok],
+            ls="--",
+            lw=0.9,
+            color=line.get_color(),
+            label=f"{label} tolerance" if label else "tolerance",
+        )
+        handles = twin.get_lines()
+    ax.set_xlabel("t")
+    ax.set_ylabel("number of clusters")
+    ax.grid(True, which="both", alpha=0.3)
+    labelled = [h for h in ax.get_lines() + list(handles) if h.get_label()[:1] != "_"]
+    if labelled:
+        ax.legend(handles=labelled, fontsize="small")
+    ax.set_title(title if title is not None else "clusters")
+    return fig
