@@ -10,12 +10,12 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Bool, Float
 
-from .._kernels import blocked as _blocked
 from .._checks import as_float_array, check_finite, format_shape, shape_matches
 from .._custom_types import Param
+from .._kernels import blocked as _blocked
+from .._kernels import dense as _kernels
 from .._measures import AbstractMeasure, AbstractParticles, MaskedParticles
 from .._params import as_param, at
-from .._kernels import dense as _kernels
 
 #: How the (m, n) query-key interactions are evaluated.
 BLOCKING = ("auto", "dense", "blocked")

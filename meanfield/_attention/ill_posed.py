@@ -19,6 +19,7 @@ from .base import (
     key_positions,
     values_at,
 )
+from .registry import register
 
 
 class AbstractIllPosedAttention(AbstractAttention):
@@ -56,6 +57,7 @@ class AbstractIllPosedAttention(AbstractAttention):
         return vel, jnp.array(True)
 
 
+@register("unnormalized")
 class UnnormalizedAttention(AbstractIllPosedAttention):
     """k(x, y) = exp(<A x, y>), no normalisation (evaluated in log-sum-exp form)."""
 
@@ -65,6 +67,7 @@ class UnnormalizedAttention(AbstractIllPosedAttention):
         )
 
 
+@register("linear")
 class LinearAttention(AbstractIllPosedAttention):
     """k(x, y) = <A x, y>."""
 
@@ -72,6 +75,7 @@ class LinearAttention(AbstractIllPosedAttention):
         return _kernels.kernel_sum(scores, weights, values, mask)
 
 
+@register("relu")
 class ReLUAttention(AbstractIllPosedAttention):
     """k(x, y) = ReLU(<A x, y>)."""
 
@@ -79,6 +83,7 @@ class ReLUAttention(AbstractIllPosedAttention):
         return _kernels.kernel_sum(jax.nn.relu(scores), weights, values, mask)
 
 
+@register("sigmoid")
 class SigmoidAttention(AbstractIllPosedAttention):
     """k(x, y) = sigmoid(<A x, y>)."""
 

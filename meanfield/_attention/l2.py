@@ -10,8 +10,10 @@ from .base import (
     check_blocking,
     init_params,
 )
+from .registry import register
 
 
+@register("l2")
 class L2Attention(AbstractKernelAttention):
     """L2 attention: k(x, y) = exp(-|Q x - K y|^2), row-normalised.
 

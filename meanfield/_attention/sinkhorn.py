@@ -10,10 +10,10 @@ import optimistix as optx
 from jax.scipy.special import logsumexp
 from jaxtyping import Array, Bool, Float, Int
 
-from .._kernels import blocked as _blocked
 from .._custom_types import Param, ParamLike
-from .._measures import AbstractParticles, MaskedParticles
+from .._kernels import blocked as _blocked
 from .._kernels import dense as _kernels
+from .._measures import AbstractParticles, MaskedParticles
 from .base import (
     QUERY_BLOCKS,
     AbstractAttention,
@@ -24,6 +24,7 @@ from .base import (
     use_blocked,
     values_at,
 )
+from .registry import register
 
 _KERNELS = ("dot", "l2")
 
@@ -87,6 +88,7 @@ def _sinkhorn_step(g, args, block=None):
     return g_new - jnp.sum(w * g_new)
 
 
+@register("sinkhorn")
 class SinkhornAttention(AbstractAttention):
     """Sinkhorn attention: the kernel is made doubly stochastic w.r.t. mu.
 

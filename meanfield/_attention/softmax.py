@@ -9,8 +9,10 @@ from .base import (
     check_blocking,
     init_params,
 )
+from .registry import register
 
 
+@register("softmax")
 class SoftmaxAttention(AbstractKernelAttention):
     """Softmax attention, k(x, y) = e^{<A x, y>} normalised against mu.
 
