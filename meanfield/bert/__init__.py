@@ -7,6 +7,9 @@ Public namespace `mf.bert`. The pretrained all-MiniLM-L6-v2 is an optional extra
 """
 
 from ._bert import (
+    CONFIG_NAME,
+    TOKENIZER_NAME,
+    WEIGHTS_NAME,
     BertConfig,
     BertHeadAttention,
     BertModel,
@@ -23,6 +26,9 @@ from ._bert import (
 )
 
 __all__ = [
+    "CONFIG_NAME",
+    "TOKENIZER_NAME",
+    "WEIGHTS_NAME",
     "BertConfig",
     "BertHeadAttention",
     "BertModel",

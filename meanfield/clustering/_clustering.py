@@ -21,13 +21,14 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 from scipy.optimize import nnls
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 from scipy.spatial import ConvexHull, cKDTree
+
+from .._linalg import expm
 
 #: Smallest ratio h_{k+1} / h_k of consecutive merge heights accepted as a cut.
 MIN_GAP = 10.0
@@ -104,7 +105,8 @@ def rescale(sol, V: Float[ArrayLike, "d d"]) -> Float[Array, "T n d"]:
     the linear growth, so z stays bounded and clusters; with V = I it is
     z(t) = e^{-t} x(t). The matrix exponential is taken at every save time, so any
     V works (not only symmetric or diagonalisable ones): `jax.scipy.linalg.expm`
-    with our own scaling and squaring (see `_expm`), compiled once per shape.
+    with our own scaling and squaring (`meanfield._linalg.expm`), compiled once
+    per shape.
 
     Args:
         sol: a `Solution`, or anything with `ts` (T,) and `x` (T, n, d).
@@ -135,36 +137,13 @@ def rescale(sol, V: Float[ArrayLike, "d d"]) -> Float[Array, "T n d"]:
     return _rescale_arrays(ts, x.astype(work), V.astype(work)).astype(x.dtype)
 
 
-#: Largest 1-norm for which `jax.scipy.linalg.expm` uses its Pade approximant
-#: unscaled and accurately: theta_13 (float64) and theta_7 (float32) of Higham (2005).
-_PADE_MAX_NORM = {
-    np.dtype(np.float64): 5.371920351148152,
-    np.dtype(np.float32): 3.925724783138660,
-}
-
-
-def _expm(a: Float[Array, "d d"]) -> Float[Array, "d d"]:
-    """Matrix exponential by scaling and squaring around `jax.scipy.linalg.expm`.
-
-    jax's expm takes floor(log2(|a|_1 / theta)) squarings, which leaves norms up to
-    2 theta for the Pade approximant (relative error 2e-7 measured for
-    expm(-10.7 I) in float64, jax 0.10); scaling by the ceiling first keeps the
-    norm <= theta (Higham, 2005), then the result is squared back.
-    """
-    theta = _PADE_MAX_NORM[np.dtype(a.dtype)]
-    norm = jnp.linalg.norm(a, 1)
-    squarings = jnp.maximum(0.0, jnp.ceil(jnp.log2(norm / theta)))
-    r = jsl.expm(a / 2**squarings)
-    return jax.lax.fori_loop(0, squarings.astype(jnp.int32), lambda _, m: m @ m, r)
-
-
 @jax.jit
 def _rescale_arrays(ts, x, V):
     # Compiled once per shape: expm run op by op costs more than its compilation.
     reached = jnp.isfinite(ts)
     # expm(-inf V) is NaN: evaluate at t = 0 and restore the +inf rows afterwards.
     t_safe = jnp.where(reached, ts, 0).astype(x.dtype)
-    propagators = jax.vmap(lambda t: _expm(-t * V))(t_safe)  # (T, d, d)
+    propagators = jax.vmap(lambda t: expm(-t * V))(t_safe)  # (T, d, d)
     z = jnp.einsum("tij,tnj->tni", propagators, x)
     return jnp.where(reached[:, None, None], z, jnp.inf)
 

@@ -20,12 +20,9 @@ from .._attention.multihead import MultiHeadAttention, heads_with_outputs
 from .._attention.softmax import SoftmaxAttention
 from .._checks import is_traced
 from .._dynamics import save_times
-from ._velocity import (
-    _affine,
-    check_supported,
-    safe_eigh,
-)
+from .._linalg import safe_eigh
 from .._measures import Gaussian
+from ._velocity import _affine, check_supported
 
 
 class GaussianSolution(eqx.Module):

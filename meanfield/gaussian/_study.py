@@ -10,10 +10,10 @@ from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 from .. import _status
 from .._attention.base import AbstractAttention
 from .._dynamics import simulate as simulate_particles
+from .._linalg import safe_eigh
+from .._measures import Gaussian
 from ._ode import GaussianSolution
 from ._ode import simulate as simulate_gaussian
-from ._velocity import safe_eigh
-from .._measures import Gaussian
 
 
 class BlowupStudy(eqx.Module):

@@ -13,6 +13,7 @@ from .._attention.l2 import L2Attention
 from .._attention.multihead import MultiHeadAttention, heads_with_outputs
 from .._attention.sinkhorn import SinkhornAttention
 from .._attention.softmax import SoftmaxAttention
+from .._linalg import safe_eigh, sym_sqrt
 from .._measures import Gaussian
 
 SUPPORTED = (SoftmaxAttention, L2Attention, SinkhornAttention, MultiHeadAttention)
@@ -34,23 +35,6 @@ def check_supported(attn, d: int) -> None:
                 "only softmax, L2, Sinkhorn and multi-head sums of these keep a "
                 "Gaussian Gaussian (masked measures and unnormalised kernels do not)."
             )
-
-
-def safe_eigh(S: Float[Array, "d d"]):
-    """`eigh` that never sees inf/NaN (LAPACK's eigensolvers can hang on them).
-
-    A non-finite matrix (a rejected trial step near a blow-up) is replaced by
-    inf * I, so the eigenvalues come out +inf and the step is rejected as usual.
-    """
-    finite = jnp.all(jnp.isfinite(S))
-    lam, U = jnp.linalg.eigh(jnp.where(finite, S, jnp.zeros_like(S)))
-    return jnp.where(finite, lam, jnp.inf), U
-
-
-def sym_sqrt(S: Float[Array, "d d"]) -> Float[Array, "d d"]:
-    """Symmetric PSD square root by one eigendecomposition (no sqrtm)."""
-    lam, U = safe_eigh(S)
-    return (U * jnp.sqrt(jnp.maximum(lam, 0))[None, :]) @ U.T
 
 
 def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:

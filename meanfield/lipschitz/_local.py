@@ -13,13 +13,13 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._attention.base import AbstractAttention, interaction_matrix, param_at
 from .._attention.multihead import MultiHeadAttention
-from .._attention.softmax import SoftmaxAttention
 from .._attention.norms import (
     flat_heads,
     interaction_norm,
     meanfield_lipschitz,
     value_norm,
 )
+from .._attention.softmax import SoftmaxAttention
 from .._measures import AbstractParticles, MaskedParticles, Particles
 from .._params import at
 

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from .._attention.base import AbstractAttention
 from .._attention.softmax import SoftmaxAttention
-from ..bert._bert import BertModel, attention_layer, hidden_states
+from ..bert import BertModel, attention_layer, hidden_states
 from ._local import adversarial, local, lower_bound, token_dim, upper_bound
 from ._search import adversarial_search, random_ball
 

@@ -7,8 +7,8 @@ W_p(mu(t), nu(t)) <= C(t, R_0) W_p(mu_0, nu_0) with the support bound
 R(t) <= e^{int |V|} R_0 (Geshkovski et al., 2023). Formulas: MATH.md s. 4.
 """
 
-from ._stability import Stability, gronwall_bound, stability
 from ._distance import Distance, conditional, distance, gaussian_w2
+from ._stability import Stability, gronwall_bound, stability
 
 __all__ = [
     "Distance",

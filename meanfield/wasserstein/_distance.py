@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from . import _sinkhorn as _ot_sinkhorn
-from ..gaussian._velocity import sym_sqrt
+from .._linalg import sym_sqrt
 from .._measures import AbstractParticles, Gaussian, MaskedParticles
+from . import _sinkhorn as _ot_sinkhorn
 
 METHODS = ("exact", "sinkhorn")
 

@@ -45,12 +45,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _distance as _wasserstein
 from .._attention.base import AbstractAttention
 from .._attention.ill_posed import AbstractIllPosedAttention
 from .._attention.norms import flat_heads, kernel_constants, value_norm
 from .._dynamics import simulate
 from .._measures import AbstractParticles, MaskedParticles
+from . import _distance as _wasserstein
 
 # Quadrature steps on [t0, t_T] for int |V| and int L(R). Right-endpoint sums: exact
 # for a constant rate and an over-estimate for the increasing L(R(s)).
