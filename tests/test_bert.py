@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 from scipy.special import erf
 
 import meanfield as mf
-from meanfield.bert._bert import (
+from meanfield.bert import (
     BertConfig,
     BertHeadAttention,
     attention_layer,

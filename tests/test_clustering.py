@@ -13,7 +13,7 @@ from scipy.cluster.hierarchy import linkage
 from scipy.spatial.distance import cdist
 
 import meanfield as mf
-from meanfield.clustering import _clustering
+from meanfield.clustering import _mst
 
 C = mf.clustering
 D = 3
@@ -135,32 +135,32 @@ def _point_sets():
 def test_spanning_trees_match_scipy_single_linkage(name):
     x = _point_sets()[name]
     want = np.sort(linkage(x, "single")[:, 2])
-    for mst in (_clustering._prim, _clustering._boruvka):
+    for mst in (_mst._prim, _mst._boruvka):
         edges = mst(x)
         assert edges.w.size == x.shape[0] - 1
         # Same distances up to the rounding of |x_i - x_j| (k-d tree vs NumPy).
         np.testing.assert_allclose(np.sort(edges.w), want, rtol=1e-12, atol=1e-15)
         # A spanning tree: n - 1 edges joining everything.
-        assert _clustering._components(x.shape[0], edges)[0] == 1
+        assert _mst._components(x.shape[0], edges)[0] == 1
 
 
 @pytest.mark.parametrize("neighbours, small", [(1, 0), (2, 3), (3, 10_000)])
 def test_boruvka_fallback_searches_are_exact(monkeypatch, neighbours, small):
     # Few neighbours force the exact searches: in the global tree (components up
     # to `small` points) and in a tree of the complement (larger ones).
-    monkeypatch.setattr(_clustering, "NEIGHBOURS", neighbours)
-    monkeypatch.setattr(_clustering, "_SMALL_COMPONENT", small)
+    monkeypatch.setattr(_mst, "NEIGHBOURS", neighbours)
+    monkeypatch.setattr(_mst, "_SMALL_COMPONENT", small)
     for name in ("blobs", "duplicates", "clumps"):
         x = _point_sets()[name]
         want = np.sort(linkage(x, "single")[:, 2])
-        got = np.sort(_clustering._boruvka(x).w)
+        got = np.sort(_mst._boruvka(x).w)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
 
 
 def test_truncated_boruvka_keeps_exactly_the_short_edges():
     x = _point_sets()["blobs"]
     h = 0.5  # between the blob spread (1e-3) and the centre separation (>= 1)
-    edges = _clustering._boruvka(x, max_height=h)
+    edges = _mst._boruvka(x, max_height=h)
     want = np.sort(linkage(x, "single")[:, 2])
     np.testing.assert_allclose(np.sort(edges.w), want[want <= h], rtol=1e-12)
 
@@ -354,7 +354,7 @@ def test_polytope_degenerate_and_full_dimensional_hulls():
 
 def test_consensus_time_on_the_sphere(sphere_run):
     assert sphere_run.status == "success"
-    tol = _clustering.CONSENSUS_TOL
+    tol = C.CONSENSUS_TOL
     t_star = C.consensus_time(sphere_run)
     assert np.isfinite(t_star)
     i = int(np.flatnonzero(np.asarray(sphere_run.ts) == t_star)[0])

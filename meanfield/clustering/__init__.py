@@ -5,21 +5,15 @@ single-linkage clusters with a gap-based automatic tolerance, the number of clus
 over time, the time at which all tokens form one cluster, and the convex polytope
 whose boundary the rescaled tokens converge to when V = I (Geshkovski, Letrouit,
 Polyanskiy & Rigollet, "The Emergence of Clusters in Self-Attention Dynamics",
-NeurIPS 2023). Post-processing on the host in NumPy/SciPy (`rescale` excepted).
+NeurIPS 2023). Post-processing on the host in NumPy/SciPy on concrete float64
+arrays (`rescale` excepted), in O(n d + 16 n) memory: never an (n, n) matrix.
 """
 
-from ._clustering import (
-    ClusterCounts,
-    Clusters,
-    Polytope,
-    cluster_counts,
-    clusters,
-    consensus_time,
-    detect,
-    diameter,
-    polytope,
-    rescale,
-)
+from ._detect import Clusters, clusters, detect
+from ._over_time import CONSENSUS_TOL as CONSENSUS_TOL
+from ._over_time import ClusterCounts, cluster_counts, consensus_time, diameter
+from ._polytope import Polytope, polytope
+from ._rescale import rescale
 
 __all__ = [
     "ClusterCounts",

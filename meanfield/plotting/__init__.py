@@ -17,6 +17,10 @@ plotted coordinates (a cyclic colormap): where the colours of a cluster come
 from shows which tokens merged.
 """
 
+# The solution types these figures take (importable from here before the split).
+from .._dynamics import Solution as Solution
+from ..gaussian._ode import GaussianSolution as GaussianSolution
+from ..wasserstein._stability import Stability as Stability
 from ._animation import animate
 from ._clustering import plot_cluster_counts
 from ._gaussian import (
