@@ -1,0 +1,211 @@
+"""Figures hold what they claim: axes, labels and the plotted data, read back from
+matplotlib's objects (not from file sizes).
+
+Solutions are built from closed-form paths (no solve to compile), so every
+expected value is known exactly.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+from matplotlib.collections import LineCollection, QuadMesh
+from mpl_toolkits.mplot3d.art3d import Path3DCollection
+
+import meanfield as mf
+from meanfield import _status, plotting
+
+T = 6
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _solution(ts, x, *, blowup_time=np.inf):
+    reached = np.isfinite(ts)
+    return mf.Solution(
+        ts=jnp.asarray(ts),
+        x=jnp.asarray(x),
+        blowup_time=jnp.asarray(blowup_time),
+        result=jnp.asarray(_status.SUCCESS if reached.all() else _status.BLOWUP),
+        t_final=jnp.asarray(ts[reached][-1]),
+        num_steps=jnp.asarray(T),
+        initial=mf.Particles(x[0]),
+    )
+
+
+@pytest.fixture(scope="module")
+def planar():
+    """n = 5 tokens in R^3 moving along straight lines, reached at every save time."""
+    rng = np.random.default_rng(0)
+    x0, v = rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+    ts = np.linspace(0.0, 1.0, T)
+    return _solution(ts, x0 + ts[:, None, None] * v)
+
+
+@pytest.fixture(scope="module")
+def blown_up():
+    """Radius e^t up to t = 0.6, then +inf rows (not reached), blow-up at 0.7."""
+    ts = np.linspace(0.0, 1.0, T)
+    x = np.exp(ts)[:, None, None] * np.array([[1.0, 0.0], [0.0, 0.5]])
+    ts, x = ts.copy(), x.copy()
+    ts[4:], x[4:] = np.inf, np.inf
+    return _solution(ts, x, blowup_time=0.7)
+
+
+def _gaussian_solution(ts, cov, *, blowup_time=np.inf):
+    ts = np.asarray(ts, float)
+    return mf.gaussian.GaussianSolution(
+        ts=jnp.asarray(ts),
+        mean=jnp.asarray(np.outer(ts, [1.0, -1.0])),
+        cov=jnp.asarray(cov),
+        blowup_time=jnp.asarray(blowup_time),
+        result=jnp.asarray(_status.SUCCESS),
+        t_final=jnp.asarray(ts[-1]),
+        num_steps=jnp.asarray(len(ts)),
+    )
+
+
+def test_trajectories_draw_every_path_in_the_chosen_coordinates(planar):
+    fig = plotting.plot_trajectories(planar, dims=(2, 0), title="paths")
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) == (
+        "$x_{2}$",
+        "$x_{0}$",
+        "paths",
+    )
+    (paths,) = [c for c in ax.collections if isinstance(c, LineCollection)]
+    segments = paths.get_segments()
+    assert len(segments) == 5
+    x = np.asarray(planar.x)
+    for i, seg in enumerate(segments):
+        np.testing.assert_allclose(seg, x[:, i][:, [2, 0]])
+    starts, ends = (c for c in ax.collections if c is not paths)
+    np.testing.assert_allclose(starts.get_offsets(), x[0][:, [2, 0]])
+    np.testing.assert_allclose(ends.get_offsets(), x[-1][:, [2, 0]])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["t = 0", "t = 1"]
+
+
+def test_trajectories_subsample_and_reject_bad_dims(planar):
+    fig = plotting.plot_trajectories(planar, max_particles=2)
+    (paths,) = [c for c in fig.axes[0].collections if isinstance(c, LineCollection)]
+    assert len(paths.get_segments()) == 2
+    with pytest.raises(ValueError, match="`dims` must be two distinct"):
+        plotting.plot_trajectories(planar, dims=(1, 1))
+
+
+def test_trajectories_skip_rows_that_were_not_reached(blown_up):
+    fig = plotting.plot_trajectories(blown_up)
+    (paths,) = [c for c in fig.axes[0].collections if isinstance(c, LineCollection)]
+    assert all(seg.shape == (4, 2) for seg in paths.get_segments())
+    assert np.all(np.isfinite(np.concatenate(paths.get_segments())))
+
+
+def test_trajectories_3d_draws_paths_with_equal_axes(planar):
+    x = np.asarray(planar.x)
+    fig = plotting.plot_trajectories_3d(x, np.asarray(planar.ts), title="3d")
+    ax = fig.axes[0]
+    assert ax.name == "3d"
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_zlabel()) == (
+        "$x_0$",
+        "$x_1$",
+        "$x_2$",
+    )
+    spans = [np.ptp(lim) for lim in (ax.get_xlim(), ax.get_ylim(), ax.get_zlim())]
+    np.testing.assert_allclose(spans, spans[0])
+    # Every point lies inside the limits.
+    for k, lim in enumerate((ax.get_xlim(), ax.get_ylim(), ax.get_zlim())):
+        assert lim[0] <= x[..., k].min() and x[..., k].max() <= lim[1]
+
+
+def test_radius_plots_the_largest_norm_and_marks_the_blowup(blown_up):
+    fig = plotting.plot_radius(blown_up)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("t", "radius")
+    radius, marker = ax.get_lines()
+    ts = np.asarray(blown_up.ts)[:4]
+    np.testing.assert_allclose(radius.get_xdata(), ts)
+    np.testing.assert_allclose(radius.get_ydata(), np.exp(ts))
+    np.testing.assert_allclose(marker.get_xdata(), [0.7, 0.7])
+    assert "blow-up t* = 0.7" in [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_sphere_shows_the_chosen_time_on_fixed_limits():
+    rng = np.random.default_rng(2)
+    x0 = rng.normal(size=(6, 3))
+    x0 /= np.linalg.norm(x0, axis=1, keepdims=True)
+    ts = np.linspace(0.0, 1.0, T)
+    sol = _solution(ts, np.broadcast_to(x0, (T, 6, 3)))
+    fig = plotting.plot_sphere(sol, time_index=2)
+    ax = fig.axes[0]
+    assert ax.get_title() == "t = 0.4"
+    for lim in (ax.get_xlim(), ax.get_ylim(), ax.get_zlim()):
+        np.testing.assert_allclose(lim, (-1, 1))
+    # Front and back points together are the 6 tokens at that time.
+    points = [c for c in ax.collections if isinstance(c, Path3DCollection)]
+    assert sum(len(c.get_offsets()) for c in points) == 6
+    with pytest.raises(ValueError, match="needs d = 3"):
+        plotting.plot_sphere(_solution(ts, np.zeros((T, 2, 2))))
+
+
+def test_covariance_eigenvalues_are_the_plotted_lines():
+    ts = np.linspace(0.0, 1.0, T)
+    lam = np.stack([np.exp(ts), np.exp(3 * ts)], axis=1)
+    cov = np.einsum("tk,kl->tkl", lam, np.eye(2))
+    fig = plotting.plot_covariance_eigenvalues(
+        {"softmax": _gaussian_solution(ts, cov, blowup_time=0.9)}
+    )
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylabel() == r"eigenvalues of $\Sigma(t)$"
+    small, large, t_star = ax.get_lines()
+    np.testing.assert_allclose(small.get_ydata(), np.exp(ts))
+    np.testing.assert_allclose(large.get_ydata(), np.exp(3 * ts))
+    assert (small.get_linestyle(), large.get_linestyle()) == (":", "-")
+    np.testing.assert_allclose(t_star.get_xdata(), [0.9, 0.9])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[:2] == ["softmax", "softmax t* = 0.9"]
+
+
+def test_covariance_ellipses_are_one_sigma():
+    ts = np.linspace(0.0, 1.0, T)
+    cov = np.broadcast_to(np.diag([4.0, 1.0]), (T, 2, 2))
+    fig = plotting.plot_covariance_ellipses(
+        {"L2": _gaussian_solution(ts, cov)}, n_ellipses=3
+    )
+    ax = fig.axes[0]  # the colorbar is axes 1
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("$x_0$", "$x_1$")
+    assert ax.get_title().startswith("L2: success, no blow-up on [0, 1]")
+    (ellipses,) = [c for c in ax.collections if isinstance(c, LineCollection)]
+    curves = ellipses.get_segments()
+    assert len(curves) == 3
+    # Rows 0, 2 (2.5 rounded to even) and 5 of the 6 save times.
+    for curve, t in zip(curves, [0.0, 0.4, 1.0], strict=True):
+        u = (curve - np.array([t, -t])) / np.array([2.0, 1.0])
+        np.testing.assert_allclose(np.linalg.norm(u, axis=1), 1.0, atol=1e-12)
+    np.testing.assert_allclose(ax.get_lines()[0].get_xdata(), ts)
+
+
+def test_phase_diagram_colours_the_given_times():
+    s, r = np.linspace(-1, 1, 4), np.linspace(0, 1, 3)
+    times = np.full((3, 4), np.inf)
+    times[1:, 2:] = [[0.5, 0.25], [0.2, 0.1]]
+    fig = plotting.plot_blowup_phase_diagram(s, r, times, t_max=5.0, xlabel="s")
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("s", "r")
+    assert ax.get_title() == "softmax blow-up time"
+    meshes = [c for c in ax.collections if isinstance(c, QuadMesh)]
+    finite = [m for m in meshes if np.ma.count(m.get_array()) == 4]
+    assert len(finite) == 1
+    np.testing.assert_allclose(np.ma.compressed(finite[0].get_array()).sum(), 1.05)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(lab.startswith("no blow-up on") and "67%" in lab for lab in labels)
