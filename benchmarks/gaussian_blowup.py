@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
 from meanfield import _io  # noqa: E402
+from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
 
 VARIANTS = {
     "softmax": lambda A, V: mf.SoftmaxAttention(V, A=A),
@@ -120,8 +121,8 @@ def main():
 
     def save(rows):
         # Written after every row (atomically): a long run keeps what it measured.
-        result = dict(manifest=_io.manifest(vars(args), 0, None), rows=rows)
-        _io.write_manifest(out / f"gaussian_blowup_{device}.json", result)
+        result = dict(manifest=manifest(vars(args), 0, None), rows=rows)
+        write_manifest(out / f"gaussian_blowup_{device}.json", result)
         plot(rows, out / f"gaussian_blowup_{device}.png")
 
     run(args.batch, args.dims, on_row=save)

@@ -1,6 +1,6 @@
 """n-scaling benchmark of one softmax velocity evaluation over n and d.
 
-The same as `meanfield bench` (see meanfield/_bench_report.py for the options):
+The same as `meanfield bench` (see meanfield/_app/bench_config.py for the options):
 
     python benchmarks/nscaling.py --ns 2^10 2^14 --ds 2 16 --impls numpy jax_blocked
     python benchmarks/nscaling.py --quick

@@ -34,6 +34,7 @@ import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
 from meanfield import _io, plotting  # noqa: E402
+from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
 
 LENGTHS = [16, 32, 64, 128, 256, 512]
 
@@ -124,7 +125,7 @@ def main():
     )
     names = [int(l) for l in res.layers]
     result = dict(
-        manifest=_io.manifest(config, 0, wall),
+        manifest=manifest(config, 0, wall),
         lengths=res.lengths,
         layers=res.layers,
         values={f"layer_{l}": row for l, row in zip(names, res.values, strict=True)},
@@ -144,7 +145,7 @@ def main():
         study_wall_s=study_wall,
         float32_check=check,
     )
-    _io.write_manifest(out / f"real_model_lipschitz_{device}.json", result)
+    write_manifest(out / f"real_model_lipschitz_{device}.json", result)
     fig = plotting.plot_real_model_lipschitz(
         res,
         title=f"all-MiniLM-L6-v2 attention layers on English text ({res.dtype}, "

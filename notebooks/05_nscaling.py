@@ -51,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import meanfield as mf
-from meanfield._app.bench import floor_seconds
+from meanfield._app.bench_machine import floor_seconds
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
 
@@ -136,7 +136,7 @@ finish(fig, "05_compiled_memory")
 # `tracemalloc` peak), and measures this machine's floor (exp throughput and matmul
 # rate) in the same run. In full mode this cell runs the command line
 # `meanfield bench --quick` (n = 2¹⁰…2¹³, d = 2 and 16, about a minute). The smoke
-# test runs the same engine (`meanfield._bench.run`) on two tiny sizes with one quick
+# test runs the same engine (`meanfield._app.bench.run`) on two tiny sizes with one quick
 # floor measurement: the command line measures the floor twice, at the start and at
 # the end of the run, which alone takes about 4 s. Both write the same JSON.
 
@@ -145,8 +145,8 @@ with tempfile.TemporaryDirectory(prefix="meanfield_bench_") as tmp:
     bench_dir = Path(tmp) if SMOKE_TEST else OUT / "05_bench"
     path = bench_dir / "nscaling_notebook.json"
     if SMOKE_TEST:
-        from meanfield import _io
         from meanfield._app import bench as _bench
+        from meanfield._app.manifest import write_manifest
 
         result = _bench.run(
             [256, 1024],
@@ -157,7 +157,7 @@ with tempfile.TemporaryDirectory(prefix="meanfield_bench_") as tmp:
             floor=_bench.measure_floor(repeats=1),
             progress=False,
         )
-        _io.write_manifest(path, result)
+        write_manifest(path, result)
     else:
         from meanfield._app.cli import main
 

@@ -53,8 +53,30 @@ def test_gaussian_writes_figures_arrays_and_manifest(tmp_path, capsys):
     assert summary["L2"]["status"] == "success"
     assert summary["Sinkhorn"]["status"] == "success"
     assert 0 < summary["phase"]["fraction_blowup"] < 1
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "softmax" in printed and "phase" in printed
+    assert captured.err == ""  # --no-progress: no progress lines
+
+
+def test_progress_lines_go_to_stderr(tmp_path, capsys):
+    # The configuration of the test above: its compiled solves are reused.
+    out = tmp_path / "out"
+    assert (
+        main(["gaussian", "--config", _toml(tmp_path, SMALL), "--out", str(out)]) == 0
+    )
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert [line.split(":")[0] for line in lines[:3]] == ["softmax", "L2", "Sinkhorn"]
+    assert lines[0].startswith("softmax: blowup, t* = ")
+    assert lines[3:] == [
+        "phase diagram: 5 x 6 runs to t = 3",
+        lines[4],
+        "drawing figures",
+    ]
+    assert lines[4].startswith("phase diagram done (")
+    # The summary stays on stdout.
+    assert "softmax" in captured.out and "drawing" not in captured.out
 
 
 @pytest.mark.parametrize(

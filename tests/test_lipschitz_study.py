@@ -13,10 +13,10 @@ import pytest
 
 import meanfield as mf
 import meanfield.bert as bert
-from meanfield._app import lipschitz_report as report
 from meanfield import plotting
-from meanfield.lipschitz._search import random_ball
+from meanfield._app import lipschitz_report as report
 from meanfield._app.cli import main
+from meanfield.lipschitz._search import random_ball
 
 L = mf.lipschitz
 
@@ -186,8 +186,24 @@ def test_lipschitz_cli_writes_figure_arrays_and_manifest(tmp_path, capsys):
         np.testing.assert_allclose(data["upper"][-1], summary["at_largest_n"]["upper"])
         assert np.isfinite(data["searched"][0]) and np.isnan(data["searched"][1])
         assert data["adversarial_converged"].all()
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "slopes" in printed and "adversarial / upper" in printed
+    assert captured.err == ""  # --no-progress: no progress lines or bars
+
+
+def test_lipschitz_progress_goes_to_stderr(tmp_path, capsys):
+    # The configuration of the test above: its compiled functions are reused.
+    out = tmp_path / "out"
+    argv = ["lipschitz", "--config", _toml(tmp_path, SMALL), "--out", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    err = captured.err
+    assert err.startswith("scaling study: n = 4..16\n")
+    # The bar over the 3 sizes (leave=False: its last state may be cleared).
+    assert "\rLipschitz vs n:   0%|" in err and "| 0/3 [" in err
+    assert err.endswith("drawing figures\n")
+    assert "scaling study" not in captured.out and "slopes" in captured.out
 
 
 @pytest.mark.parametrize(

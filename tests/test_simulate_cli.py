@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from meanfield._app import simulate_report as _simulate_report
+from meanfield._app import simulate_segments as _segments
 from meanfield._app.cli import main
 
 # Tiny runs: n = 12 tokens, 9 save times in 4 segments.
@@ -28,7 +28,9 @@ def _run(tmp_path, name, text, *extra):
 def test_sphere_run_writes_manifest_figures_animation_and_arrays(tmp_path, capsys):
     code, out = _run(tmp_path, "sphere", SPHERE, "--seed", "5")
     assert code == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.err == ""  # --no-progress: no bars
+    printed = captured.out
     assert "status success" in printed and "cluster(s)" in printed
     for name in ["trajectories.png", "clusters.png"]:
         assert (out / name).stat().st_size > 10_000, name
@@ -54,6 +56,20 @@ def test_sphere_run_writes_manifest_figures_animation_and_arrays(tmp_path, capsy
     assert not list(out.glob(".*tmp*")), "temporary files left behind"
 
 
+def test_progress_bars_go_to_stderr(tmp_path, capsys):
+    # The configuration of the test above: its compiled solves are reused.
+    config = tmp_path / "sphere.toml"
+    config.write_text(SPHERE)
+    out = tmp_path / "sphere"
+    assert main(["simulate", "--config", str(config), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    err = captured.err
+    assert "simulate: 100%" in err and "4/4" in err and "segment" in err
+    assert "drawing figures\n" in err
+    assert "frames: 100%" in err and "9/9" in err  # the animation's bar
+    assert "status success" in captured.out and "segment" not in captured.out
+
+
 def test_resume_after_an_interruption_gives_the_uninterrupted_result(
     tmp_path, monkeypatch, capsys
 ):
@@ -65,7 +81,7 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_result(
     assert (full / "radius.png").exists()
 
     calls = []
-    solve = _simulate_report.simulate
+    solve = _segments.simulate
 
     def interrupted(*args, **kwargs):
         calls.append(kwargs["t0"])
@@ -73,15 +89,15 @@ def test_resume_after_an_interruption_gives_the_uninterrupted_result(
             raise KeyboardInterrupt
         return solve(*args, **kwargs)
 
-    monkeypatch.setattr(_simulate_report, "simulate", interrupted)
+    monkeypatch.setattr(_segments, "simulate", interrupted)
     code, part = _run(tmp_path, "part", RD)
     assert code == 130
     assert "--resume" in capsys.readouterr().err
-    with np.load(part / _simulate_report.CHECKPOINT) as data:
+    with np.load(part / _segments.CHECKPOINT) as data:
         assert int(data["segment"]) == 2
     assert not (part / "manifest.json").exists()
 
-    monkeypatch.setattr(_simulate_report, "simulate", solve)
+    monkeypatch.setattr(_segments, "simulate", solve)
     code, part = _run(tmp_path, "part", RD, "--resume")
     assert code == 0
     assert "resumed from segment 2" in capsys.readouterr().out
@@ -97,10 +113,10 @@ def test_resume_with_another_configuration_exits_2(tmp_path, capsys):
     config.write_text(RD)
     out = tmp_path / "run"
     out.mkdir()
-    ckpt = _simulate_report._Checkpoint(
+    ckpt = _segments._Checkpoint(
         1, np.zeros(1), np.zeros((1, 12, 2)), 0, np.inf, 3, '{"config": {}, "seed": 0}'
     )
-    ckpt.save(out / _simulate_report.CHECKPOINT)
+    ckpt.save(out / _segments.CHECKPOINT)
     args = ["simulate", "--config", str(config), "--out", str(out), "--resume"]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -17,372 +17,45 @@ Implementations (`IMPLS`):
 """
 
 import gc
-import importlib.metadata
-import math
 import os
-import platform
 import sys
 import time
-import tracemalloc
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-IMPLS = ("numpy", "jax_dense", "jax_blocked", "jax_sdpa", "keops")
-#: Implementations that also time a fixed-step solve through `mf.simulate`.
-SOLVE_IMPLS = ("jax_dense", "jax_blocked")
-GIB = 2**30
-_DTYPE = np.float32
-# Rows of the float64 correctness check (evenly spaced over the n particles).
-_CHECK_ROWS = 256
-
-
-class _Skip(Exception):
-    """A case that is not run, with the reason."""
-
-
-def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    jax.block_until_ready(fn())
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def measure_floor(*, repeats: int = 5) -> dict[str, Any]:
-    """Measure this machine's exp throughput and matmul rate (float32, jitted).
-
-    The exp rate is the better of two kernels on all cores: `jnp.exp` over a large
-    array (2^22 elements on CPU: 16 MiB, not bound by page faults on fresh
-    outputs) and exp fused into a row sum over a grid (4096 x 4096 on CPU; what a
-    softmax kernel does, with no memory traffic). The matmul rate is an m x m
-    product (m = 2048 on CPU) at JAX's default precision, as in the kernels.
-    Accelerators get larger sizes so that kernel launches do not dominate.
-
-    Args:
-        repeats: timed calls per kernel after a warm-up; the minimum is kept.
-
-    Returns:
-        {"exp_per_second", "exp_elementwise_per_second", "exp_fused_per_second",
-        "matmul_flops_per_second", "sizes", "seconds"}.
-    """
-    start = time.perf_counter()
-    on_cpu = jax.devices()[0].platform == "cpu"
-    size, (rows_n, cols_n), m = (
-        (1 << 22, (4096, 4096), 2048) if on_cpu else (1 << 26, (16384, 65536), 8192)
-    )
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal(size).astype(_DTYPE))
-    elementwise = size / _best_seconds(lambda: _exp(x), repeats)
-    rows = jnp.asarray(rng.standard_normal(rows_n).astype(_DTYPE))
-    cols = jnp.asarray(rng.standard_normal(cols_n).astype(_DTYPE))
-    fused = rows_n * cols_n / _best_seconds(lambda: _exp_rowsum(rows, cols), repeats)
-    a = jnp.asarray(rng.standard_normal((m, m)).astype(_DTYPE))
-    flops = 2 * m**3 / _best_seconds(lambda: _matmul(a, a), repeats)
-    return {
-        "exp_per_second": max(elementwise, fused),
-        "exp_elementwise_per_second": elementwise,
-        "exp_fused_per_second": fused,
-        "matmul_flops_per_second": flops,
-        "sizes": {"exp": size, "exp_fused": [rows_n, cols_n], "matmul": m},
-        "seconds": time.perf_counter() - start,
-    }
-
-
-@jax.jit
-def _exp(x):
-    return jnp.exp(x)
-
-
-@jax.jit
-def _exp_rowsum(rows, cols):
-    return jnp.sum(jnp.exp(rows[:, None] * 0.1 + cols[None, :] * 0.1), axis=1)
-
-
-@jax.jit
-def _matmul(a, b):
-    return a @ b
-
-
-def floor_seconds(n: int, d: int, floor: Mapping[str, float]) -> float:
-    """The floor of one evaluation: n^2 exps plus 4 n^2 d flops at measured rates.
-
-    The flops are the two (n, n, d) products, logits and weighted values.
-    """
-    return (
-        n * n / floor["exp_per_second"]
-        + 4 * n * n * d / floor["matmul_flops_per_second"]
-    )
-
-
-def problem(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """(x, A, V) in float32 with O(1) logits: x ~ N(0, I), A ~ N(0, 1/d^2)."""
-    rng = np.random.default_rng([seed, n, d])
-    x = rng.standard_normal((n, d)).astype(_DTYPE)
-    A = (rng.standard_normal((d, d)) / d).astype(_DTYPE)
-    V = (rng.standard_normal((d, d)) / math.sqrt(d)).astype(_DTYPE)
-    return x, A, V
-
-
-def check_rows(n: int) -> np.ndarray:
-    """Indices of the rows checked against the float64 reference."""
-    return np.unique(np.linspace(0, n - 1, min(n, _CHECK_ROWS)).astype(np.int64))
-
-
-def reference_rows(x, A, V, rows, *, chunk: int = 8192) -> np.ndarray:
-    """Float64 velocity at the atoms `rows`, over all n keys, in key chunks.
-
-    Online softmax in NumPy float64 (running max, sum and weighted sum), so memory
-    is O(len(rows) * chunk) at any n, and independent of the code under test.
-    """
-    x = np.asarray(x, np.float64)
-    q = x[rows] @ np.asarray(A, np.float64).T
-    values = x @ np.asarray(V, np.float64).T
-    run_max = np.full(len(rows), -np.inf)
-    run_sum = np.zeros(len(rows))
-    acc = np.zeros((len(rows), x.shape[1]))
-    for lo in range(0, x.shape[0], chunk):
-        s = q @ x[lo : lo + chunk].T
-        new_max = np.maximum(run_max, s.max(axis=1))
-        scale = np.exp(run_max - new_max)
-        p = np.exp(s - new_max[:, None])
-        run_sum = run_sum * scale + p.sum(axis=1)
-        acc = acc * scale[:, None] + p @ values[lo : lo + chunk]
-        run_max = new_max
-    return acc / run_sum[:, None]
-
-
-def numpy_velocity(x: np.ndarray, A: np.ndarray, V: np.ndarray) -> np.ndarray:
-    """Softmax velocity in the naive NumPy style of public peer code.
-
-    Materialises the logits and their exponentials: two n x n arrays.
-    """
-    s = (x @ A.T) @ x.T
-    s -= s.max(axis=1, keepdims=True)
-    p = np.exp(s)
-    return (p @ (x @ V.T)) / p.sum(axis=1, keepdims=True)
-
-
-def _attention(A, V, blocking: str, block_size: int):
-    from .._attention.softmax import SoftmaxAttention
-
-    return SoftmaxAttention(V, A=A, blocking=blocking, block_size=block_size)
-
-
-def _library_velocity(blocking: str, block_size: int):
-    from .._measures import Particles
-
-    def velocity(x, A, V):
-        attn = _attention(A, V, blocking, block_size)
-        return attn.velocity(Particles(x))
-
-    return velocity
-
-
-def sdpa_velocity(x, A, V):
-    """The same velocity through `jax.nn.dot_product_attention` (one head)."""
-    # (batch, length, heads, head_dim) = (1, n, 1, d); scale 1: logits <A x_i, x_j>.
-    q = (x @ A.T)[None, :, None, :]
-    k = x[None, :, None, :]
-    v = (x @ V.T)[None, :, None, :]
-    out = jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation="xla")
-    return out[0, :, 0, :]
-
-
-def _xla_peak_bytes(compiled) -> int | None:
-    """Temp + argument + output bytes of a compiled computation (None if unknown)."""
-    try:
-        stats = compiled.memory_analysis()
-    except (RuntimeError, AttributeError):  # a backend without memory analysis
-        return None
-    if stats is None:
-        return None
-    return int(
-        stats.temp_size_in_bytes
-        + stats.argument_size_in_bytes
-        + stats.output_size_in_bytes
-        - getattr(stats, "alias_size_in_bytes", 0)
-    )
-
-
-class _Prepared:
-    """A ready-to-time evaluation: call() -> output, plus what preparing it cost."""
-
-    def __init__(self, call, compile_seconds=None, peak_bytes=None, method=None):
-        self.call = call
-        self.compile_seconds = compile_seconds
-        self.peak_bytes = peak_bytes
-        self.peak_bytes_method = method
-
-
-def _compile(fn, args, max_bytes: float, what: str) -> _Prepared:
-    start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
-    seconds = time.perf_counter() - start
-    peak = _xla_peak_bytes(compiled)
-    if peak is not None and peak > max_bytes:
-        raise _Skip(
-            f"{what} needs {peak / GIB:.2f} GiB (XLA memory analysis) > "
-            f"max_bytes {max_bytes / GIB:.2f} GiB"
-        )
-    return _Prepared(
-        lambda: compiled(*args),
-        seconds,
-        peak,
-        "XLA memory_analysis: temp + argument + output bytes",
-    )
-
-
-def _prepare(impl: str, x, A, V, *, block_size: int, max_bytes: float) -> _Prepared:
-    n, d = x.shape
-    if impl == "numpy":
-        need = 2 * n * n * x.itemsize
-        if need > max_bytes:
-            raise _Skip(
-                f"two n x n float32 arrays need {need / GIB:.2f} GiB > max_bytes "
-                f"{max_bytes / GIB:.2f} GiB"
-            )
-        return _Prepared(lambda: numpy_velocity(x, A, V))
-    if impl == "keops":
-        from pykeops.numpy import LazyTensor
-
-        q, values = x @ A.T, x @ V.T
-
-        def call():
-            qi, xj = LazyTensor(q[:, None, :]), LazyTensor(x[None, :, :])
-            return (qi | xj).sumsoftmaxweight(LazyTensor(values[None, :, :]), axis=1)
-
-        # KeOps keeps no n x n buffer: inputs and output only.
-        return _Prepared(call, None, 5 * n * d * x.itemsize, "analytic: inputs + out")
-    args = tuple(jnp.asarray(a) for a in (x, A, V))
-    if impl == "jax_sdpa":
-        return _compile(sdpa_velocity, args, max_bytes, impl)
-    blocking = {"jax_dense": "dense", "jax_blocked": "blocked"}[impl]
-    return _compile(_library_velocity(blocking, block_size), args, max_bytes, impl)
-
-
-def _time(call, repeats: int, budget: float) -> dict[str, Any]:
-    """Warm-up call, then up to `repeats` timed calls that fit in `budget` seconds."""
-    start = time.perf_counter()
-    out = jax.block_until_ready(call())
-    warm = time.perf_counter() - start
-    count = max(1, min(repeats, int((budget - warm) / max(warm, 1e-9))))
-    walls, cpus = [], []
-    for _ in range(count):
-        start, cpu = time.perf_counter(), time.process_time()
-        out = jax.block_until_ready(call())
-        walls.append(time.perf_counter() - start)
-        cpus.append(time.process_time() - cpu)
-    best = int(np.argmin(walls))
-    return dict(
-        first_call_seconds=warm,
-        seconds=walls[best],
-        cpu_seconds=cpus[best],
-        all_seconds=walls,
-        out=out,
-    )
-
-
-def _numpy_peak(x, A, V) -> int:
-    """Peak bytes NumPy allocates in one evaluation (tracemalloc)."""
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        numpy_velocity(x, A, V)
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
-def _solve(impl, x, A, V, *, steps, block_size, max_bytes, budget) -> dict:
-    """Time `steps` Euler steps of `mf.simulate` with this implementation."""
-    from .._dynamics import simulate
-    from .._measures import Particles
-
-    blocking = {"jax_dense": "dense", "jax_blocked": "blocked"}[impl]
-    dt = 1 / 16  # exact in binary: the solve takes exactly `steps` steps
-
-    def solve(x, A, V):
-        attn = _attention(A, V, blocking, block_size)
-        sol = simulate(Particles(x), attn, steps * dt, dt0=dt, solver="euler")
-        return sol.x[-1], sol.num_steps
-
-    args = tuple(jnp.asarray(a) for a in (x, A, V))
-    prep = _compile(solve, args, max_bytes, f"{impl} solve")
-    timing = _time(prep.call, 1, budget)
-    num_steps = int(timing["out"][1])
-    return dict(
-        status="ok",
-        solver="euler",
-        dt0=dt,
-        steps=num_steps,
-        compile_seconds=prep.compile_seconds,
-        seconds=timing["seconds"],
-        cpu_seconds=timing["cpu_seconds"],
-        seconds_per_step=timing["seconds"] / num_steps,
-        peak_bytes=prep.peak_bytes,
-    )
-
-
-def keops_status() -> tuple[bool, str]:
-    """(available, version or the reason it is not)."""
-    try:
-        import pykeops
-    except Exception as err:  # any import failure means "not available"
-        return False, f"pykeops does not import: {type(err).__name__}: {err}"
-    return True, getattr(pykeops, "__version__", "unknown")
-
-
-def environment() -> dict[str, Any]:
-    """Device, versions, CPU model, BLAS thread settings and load average."""
-    versions = {"python": platform.python_version()}
-    for dist in ("meanfield", "jax", "jaxlib", "numpy", "pykeops", "threadpoolctl"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = None
-    device = jax.devices()[0]
-    cpu_model = None
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu_model = next(
-                (
-                    ln.split(":", 1)[1].strip()
-                    for ln in f
-                    if ln.startswith("model name")
-                ),
-                None,
-            )
-    except OSError:
-        pass
-    env_keys = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-    return dict(
-        device=dict(
-            platform=device.platform,
-            device_kind=device.device_kind,
-            name=str(device),
-            count=jax.device_count(),
-        ),
-        cpu=dict(model=cpu_model, cores=os.cpu_count(), machine=platform.machine()),
-        versions=versions,
-        thread_env={k: os.environ.get(k) for k in env_keys},
-        load_average=list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    )
-
-
-def _blas_limits():
-    """Pin NumPy's BLAS to all cores with threadpoolctl, if installed."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return None, "threadpoolctl not installed: BLAS threads left at the defaults"
-    limits = threadpool_limits(limits=os.cpu_count(), user_api="blas")
-    return limits, f"threadpoolctl: BLAS pinned to {os.cpu_count()} threads"
+from .bench_cases import (
+    Skip,
+    check_rows,
+    guarded_case,
+    numpy_velocity,
+    problem,
+    reference_rows,
+    sdpa_velocity,
+)
+from .bench_config import GIB, IMPLS, SOLVE_IMPLS
+from .bench_machine import (
+    blas_limits,
+    environment,
+    floor_seconds,
+    keops_status,
+    measure_floor,
+)
+
+__all__ = [
+    "GIB",
+    "IMPLS",
+    "SOLVE_IMPLS",
+    "check_rows",
+    "environment",
+    "floor_seconds",
+    "keops_status",
+    "measure_floor",
+    "numpy_velocity",
+    "problem",
+    "reference_rows",
+    "run",
+    "sdpa_velocity",
+]
 
 
 def _fractions(records: list[dict], floor: Mapping[str, float]) -> None:
@@ -390,70 +63,6 @@ def _fractions(records: list[dict], floor: Mapping[str, float]) -> None:
         if rec.get("seconds") is not None:
             rec["floor_seconds"] = floor_seconds(rec["n"], rec["d"], floor)
             rec["fraction_of_floor"] = rec["floor_seconds"] / rec["seconds"]
-
-
-def _case(
-    impl, n, d, *, repeats, budget, block_size, max_bytes, steps, solve_max_n
-) -> dict:
-    """Run one (impl, n, d): timing, memory, correctness and (maybe) the solve."""
-    x, A, V = problem(n, d)
-    prep = _prepare(impl, x, A, V, block_size=block_size, max_bytes=max_bytes)
-    rec: dict[str, Any] = dict(
-        compile_seconds=prep.compile_seconds,
-        # Other jobs on the machine inflate wall times: keep the load with them.
-        load_average_1min=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-    )
-    if impl == "numpy":
-        prep.peak_bytes = _numpy_peak(x, A, V)
-        prep.peak_bytes_method = "tracemalloc peak of one evaluation"
-    timing = _time(prep.call, repeats, budget)
-    out = np.asarray(timing.pop("out"))
-    if impl == "keops":
-        # The first call generates and compiles the formula; with the formula
-        # already in KeOps' disk cache this is ~0 (timing noise, either sign).
-        rec["compile_seconds"] = timing["first_call_seconds"] - timing["seconds"]
-    rows = check_rows(n)
-    ref = reference_rows(x, A, V, rows)
-    err = np.max(np.abs(out[rows].astype(np.float64) - ref)) / np.max(np.abs(ref))
-    rec.update(timing)
-    rec.update(
-        status="ok",
-        interactions_per_second=n * n / timing["seconds"],
-        peak_bytes=prep.peak_bytes,
-        peak_bytes_method=prep.peak_bytes_method,
-        rel_error=float(err),
-        check_rows=len(rows),
-    )
-    del out, prep
-    if (
-        impl in SOLVE_IMPLS
-        and steps > 0
-        and solve_max_n is not None
-        and n > solve_max_n
-    ):
-        rec["solve"] = dict(
-            status="skipped", reason=f"n > solve_max_n = {solve_max_n} (configured)"
-        )
-    elif impl in SOLVE_IMPLS and steps > 0:
-        projected = 2 * steps * timing["seconds"]
-        if projected > budget:
-            rec["solve"] = dict(
-                status="skipped",
-                reason=f"projected {projected:.1f} s (2 x {steps} evaluations) > "
-                f"budget {budget:.0f} s",
-            )
-        else:
-            rec["solve"] = _solve(
-                impl,
-                x,
-                A,
-                V,
-                steps=steps,
-                block_size=block_size,
-                max_bytes=max_bytes,
-                budget=budget,
-            )
-    return rec
 
 
 def _progress_line(rec: dict) -> str:
@@ -544,7 +153,7 @@ def run(
         available["keops"] = (ok, info)
     given_floor = floor is not None
     floor_start = dict(floor) if given_floor else measure_floor()
-    limits, blas = _blas_limits()
+    limits, blas = blas_limits()
     result: dict[str, Any] = dict(
         environment=environment(),
         floor=dict(start=floor_start, end=None, used=floor_start),
@@ -577,7 +186,7 @@ def run(
                     rec: dict[str, Any] = dict(impl=impl, n=int(n), d=int(d))
                     try:
                         rec.update(
-                            _guarded_case(
+                            guarded_case(
                                 impl,
                                 n,
                                 d,
@@ -593,7 +202,7 @@ def run(
                                 solve_max_n=solve_max_n,
                             )
                         )
-                    except _Skip as skip:
+                    except Skip as skip:
                         rec.update(status="skipped", reason=str(skip))
                     if rec["status"] == "ok":
                         last[(impl, d)] = (n, rec["seconds"])
@@ -622,29 +231,3 @@ def run(
     )
     result["wall_seconds"] = time.perf_counter() - start
     return result
-
-
-def _guarded_case(impl, n, d, *, available, last, max_n, only_ds, **kw) -> dict:
-    """Skip checks in front of `_case`; exceptions become an "error" record."""
-    ok, info = available
-    if not ok:
-        return dict(status="unavailable", reason=info)
-    if max_n is not None and n > max_n:
-        raise _Skip(f"n > max_n = {max_n} for {impl} (configured)")
-    if only_ds is not None and d not in only_ds:
-        raise _Skip(f"d not in {list(only_ds)} for {impl} (configured)")
-    if last is not None:
-        n_prev, s_prev = last
-        projected = s_prev * (n / n_prev) ** 2
-        if 2 * projected > kw["budget"]:
-            raise _Skip(
-                f"projected {projected:.1f} s per evaluation (from {s_prev:.3g} s at "
-                f"n = {n_prev}, x4 per doubling): warm-up + 1 call > budget "
-                f"{kw['budget']:.0f} s"
-            )
-    try:
-        return _case(impl, n, d, **kw)
-    except _Skip:
-        raise
-    except Exception as err:  # e.g. out of memory: record it and go on
-        return dict(status="error", reason=f"{type(err).__name__}: {err}"[:500])

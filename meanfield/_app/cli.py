@@ -1,32 +1,23 @@
 """Command-line interface: `meanfield <command> [options]`.
 
-Thin by design: parse the arguments, call the library, print a summary. Each
+Thin by design: parse the arguments and hand them to the command's module. Each
 command is a `_add_<name>(subparsers)` function that registers its parser and
 sets `func`, a callable taking the parsed namespace and returning an exit code.
+The report commands (gaussian, lipschitz, simulate) are `report.Report`s: their
+`main` reads the TOML, runs, writes and prints. Nothing is imported before a
+command runs, so `meanfield --help` and `meanfield <command> --help` import no JAX.
 """
 
 import argparse
 import sys
-import time
 from collections.abc import Sequence
 
 
-def _use_agg() -> None:
-    """Files only, never windows: select the Agg backend.
-
-    Unless pyplot is already in use (main() called from a notebook or a script that
-    chose its backend).
-    """
-    if "matplotlib.pyplot" not in sys.modules:
-        import matplotlib
-
-        matplotlib.use("Agg")
-
-
 def _run_demo(args: argparse.Namespace) -> int:
-    _use_agg()
     from .demo import run_demo
+    from .report import use_agg
 
+    use_agg()
     run_demo(
         args.out, n=args.n, seed=args.seed, progress=args.progress, quick=args.quick
     )
@@ -108,53 +99,10 @@ def _add_demo(subparsers) -> None:
     p.set_defaults(func=_run_demo)
 
 
-def _load_toml(path: str) -> dict:
-    """Parse a TOML file; ValueError (one line) if unreadable or invalid."""
-    import tomllib
-
-    try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except OSError as err:
-        raise ValueError(
-            f"cannot read config file {path!r}: {err.strerror or err}"
-        ) from err
-    except tomllib.TOMLDecodeError as err:
-        raise ValueError(f"invalid TOML in {path!r}: {err}") from err
-
-
-def _run_configured(name: str, args, resolve, run, summarize) -> int:
-    """Shared body of the TOML-configured commands (simulate, gaussian, lipschitz).
-
-    Configuration errors are the user's: one line on stderr, exit status 2 (as
-    argparse does for bad options), no traceback. Errors past this point are bugs
-    and keep their traceback.
-    """
-    try:
-        raw = _load_toml(args.config) if args.config is not None else {}
-        config = resolve(raw)
-    except ValueError as err:
-        message = " ".join(str(err).split())
-        print(f"meanfield {name}: error: {message}", file=sys.stderr)
-        return 2
-    _use_agg()
-    start = time.perf_counter()
-    summary = run(config, args.out, seed=args.seed, progress=args.progress)
-    print(summarize(summary))
-    print(f"wrote {args.out}/ in {time.perf_counter() - start:.1f} s")
-    return 0
-
-
 def _run_gaussian(args: argparse.Namespace) -> int:
-    from . import gaussian_report as report
+    from .gaussian_report import REPORT
 
-    return _run_configured(
-        "gaussian",
-        args,
-        report.resolve_config,
-        report.run_gaussian,
-        report.format_summary,
-    )
+    return REPORT.main(args)
 
 
 def _add_gaussian(subparsers) -> None:
@@ -183,17 +131,9 @@ def _add_gaussian(subparsers) -> None:
 
 
 def _run_lipschitz(args: argparse.Namespace) -> int:
-    from . import lipschitz_report as report
+    from .lipschitz_report import REPORT
 
-    def resolve(raw):
-        # A requested real model that is not installed is a configuration error.
-        config = report.resolve_config(raw)
-        report.check_real_model(config)
-        return config
-
-    return _run_configured(
-        "lipschitz", args, resolve, report.run_lipschitz, report.format_summary
-    )
+    return REPORT.main(args)
 
 
 def _add_lipschitz(subparsers) -> None:
@@ -225,26 +165,15 @@ def _add_lipschitz(subparsers) -> None:
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
-    from . import simulate_report as report
-
-    def resolve(raw):
-        # A checkpoint of another run in --out is a configuration error.
-        config = report.resolve_config(raw)
-        if args.resume:
-            report.check_resume(config, args.out, args.seed)
-        return config
-
-    def run(config, out, *, seed, progress):
-        return report.run_simulate(
-            config, out, seed=seed, progress=progress, resume=args.resume
-        )
+    from .simulate_report import REPORT
+    from .simulate_segments import CHECKPOINT
 
     try:
-        return _run_configured("simulate", args, resolve, run, report.format_summary)
+        return REPORT.main(args, resume=args.resume)
     except KeyboardInterrupt:
         print(
             f"meanfield simulate: interrupted; the last checkpoint is in {args.out}/"
-            f"{report.CHECKPOINT}: rerun with --resume to continue",
+            f"{CHECKPOINT}: rerun with --resume to continue",
             file=sys.stderr,
         )
         return 130
@@ -265,9 +194,11 @@ def _add_simulate(subparsers) -> None:
             "(sphere | gaussian | cube), scale, normalization (sphere | none), "
             "masked, dtype, solver, rtol, atol, dt0, max_steps, blowup_radius, "
             "segments, cluster_tol, animation (gif | mp4 | none) and an "
-            "[attention] table with kind (softmax | l2 | sinkhorn | unnormalized "
-            "| linear | relu | sigmoid), V, A, Q, K (a number c means c I, or "
-            "lists of lists), sinkhorn_kernel, sinkhorn_max_iter, blocking."
+            "[attention] table with kind (a registered attention family: softmax "
+            "| l2 | sinkhorn | unnormalized | linear | relu | sigmoid | ...), V, "
+            "A, Q, K (a number c means c I, or lists of lists; each where the "
+            "family's constructor takes it), sinkhorn_kernel, sinkhorn_max_iter, "
+            "blocking."
         ),
     )
     _add_config_option(p)
@@ -283,7 +214,7 @@ def _add_simulate(subparsers) -> None:
 
 
 def _run_bench(args: argparse.Namespace) -> int:
-    _use_agg()
+    # Its own parser: `--help` answers before the engine (JAX) is imported.
     from .bench_report import main as bench_main
 
     return bench_main(args.bench_args)
@@ -352,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:
-        # `bench` owns its options (meanfield/_bench_report.py): pass them through.
+        # `bench` owns its options (`bench_config`): pass them through.
         return _run_bench(argparse.Namespace(bench_args=argv[1:]))
     args = _parser().parse_args(argv)
     return args.func(args)

@@ -16,7 +16,6 @@
 Run it with `meanfield demo` or `python -m meanfield demo`.
 """
 
-import time
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -24,13 +23,13 @@ import jax.random as jr
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .. import _io, plotting
+from .. import clustering, plotting
 from .._attention.softmax import SoftmaxAttention
 from .._dynamics import simulate
 from .._measures import Particles
-from ..clustering import _clustering
 from . import gaussian_report as _gaussian_report
 from . import lipschitz_report as _lipschitz_report
+from .report import Output
 
 #: Save times per run (including both ends).
 NUM_SAVES = 121
@@ -119,9 +118,8 @@ def run_clustering(
         raise ValueError(
             f"`t1_sphere` and `t1_rd` must be positive; got {t1_sphere}, {t1_rd}."
         )
-    start = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    output = Output(out_dir, progress=progress)
+    out = output.dir
 
     # Uniform on S^{d-1}: normalised standard Gaussians. float32 is explicit so the
     # run is the same whether or not the caller enabled x64.
@@ -146,18 +144,18 @@ def run_clustering(
         normalization=None,
         progress=progress,
     )
-    z_r = np.asarray(_clustering.rescale(sol_r, eye))
+    z_r = np.asarray(clustering.rescale(sol_r, eye))
 
     ts_s, x_s = np.asarray(sol_s.ts), np.asarray(sol_s.x)
     reached_s = np.isfinite(ts_s)
     x_final = _last_reached(ts_s, x_s)
     z_final = _last_reached(sol_r.ts, z_r)
     # Automatic (gap) tolerances: the clusters are read off the data's own scale.
-    clusters_s = _clustering.detect(x_final)
-    polytope = _clustering.polytope(z_final)
+    clusters_s = clustering.detect(x_final)
+    polytope = clustering.polytope(z_final)
     clusters_r = polytope.clusters
-    counts_s = _clustering.cluster_counts(sol_s)
-    counts_r = _clustering.cluster_counts(z_r, ts=sol_r.ts)
+    counts_s = clustering.cluster_counts(sol_s)
+    counts_r = clustering.cluster_counts(z_r, ts=sol_r.ts)
     summary = {
         "sphere": {
             "status": sol_s.status,
@@ -166,10 +164,10 @@ def run_clustering(
             "max_norm_deviation": float(
                 np.abs(np.linalg.norm(x_s[reached_s], axis=-1) - 1).max()
             ),
-            "diameter_final": _clustering.diameter(x_final),
+            "diameter_final": clustering.diameter(x_final),
             "clusters_final": clusters_s.number,
             "cluster_tol": clusters_s.tol,
-            "one_cluster_time": _clustering.consensus_time(sol_s),
+            "one_cluster_time": clustering.consensus_time(sol_s),
         },
         "rd": {
             "status": sol_r.status,
@@ -187,8 +185,8 @@ def run_clustering(
         },
     }
 
-    _io.save_npz_atomic(
-        out / "trajectory.npz",
+    output.arrays(
+        "trajectory.npz",
         ts_sphere=sol_s.ts,
         x_sphere=sol_s.x,
         ts_rd=sol_r.ts,
@@ -197,10 +195,9 @@ def run_clustering(
         weights=mu.weights,
     )
     if d == 3:
-        _io.save_figure(
+        output.figure(
             _sphere_snapshots(sol_s, summary["sphere"]["clusters_final"]),
-            out / "sphere.png",
-            dpi=150,
+            "sphere.png",
         )
     fig, axes = plt.subplots(1, 3, figsize=(13.5, 4.8), layout="constrained")
     for ax, dims in zip(axes, [(0, 1), (0, 2), (1, 2)], strict=True):
@@ -209,16 +206,15 @@ def run_clustering(
         else:
             ax.set_axis_off()
     fig.suptitle(f"trajectories on the sphere S^{d - 1}, n = {n}")
-    _io.save_figure(fig, out / "sphere_trajectories.png", dpi=150)
+    output.figure(fig, "sphere_trajectories.png")
     if d >= 3:
-        _io.save_figure(
+        output.figure(
             plotting.plot_trajectories_3d(
                 np.asarray(z_r)[:, :, :3],
                 sol_r.ts,
                 title=r"rescaled tokens $z(t) = e^{-t} x(t)$ in $\mathbb{R}^d$",
             ),
-            out / "rescaled.png",
-            dpi=150,
+            "rescaled.png",
         )
 
     fig, ax = plt.subplots(figsize=(6.0, 4.0), layout="constrained")
@@ -232,12 +228,11 @@ def run_clustering(
         f"clusters against t (single linkage, automatic tolerance), n = {n}",
         fontsize="medium",
     )
-    _io.save_figure(fig, out / "clusters.png", dpi=150)
+    output.figure(fig, "clusters.png")
     plotting.animate(
         sol_s, out / "tokens.gif", max_frames=max_frames, progress=progress
     )
 
-    wall = time.perf_counter() - start
     config = {
         "out_dir": str(out),
         "n": n,
@@ -254,9 +249,7 @@ def run_clustering(
         "num_saves": NUM_SAVES,
         "cluster_tol": "automatic (gap rule of mf.clustering.detect)",
     }
-    man = _io.manifest(config, seed, wall)
-    man["summary"] = summary
-    _io.write_manifest(out / "manifest.json", man)
+    wall = output.manifest(config, seed, summary)["wall_time_s"]
 
     s, r = summary["sphere"], summary["rd"]
     print(
@@ -313,8 +306,8 @@ def run_demo(
     Returns:
         {"clustering": ..., "gaussian": ..., "lipschitz": ...} summaries.
     """
-    start = time.perf_counter()
-    out = Path(out_dir)
+    output = Output(out_dir, progress=progress)
+    out = output.dir
     summary = {}
     print("1/3  clustering of tokens, Q = K = V = I (Geshkovski et al., 2023)")
     summary["clustering"] = run_clustering(
@@ -340,16 +333,13 @@ def run_demo(
         lipschitz_cfg, out / "lipschitz", seed=seed, progress=progress
     )
     print(_lipschitz_report.format_summary(summary["lipschitz"]))
-    wall = time.perf_counter() - start
     config = {
         "n": n,
         "quick": quick,
         "gaussian": gaussian_cfg,
         "lipschitz": lipschitz_cfg,
     }
-    manifest = _io.manifest(config, seed, wall)
-    manifest["summary"] = summary
-    _io.write_manifest(out / "manifest.json", manifest)
+    wall = output.manifest(config, seed, summary)["wall_time_s"]
     print(
         f"\ntour done in {wall:.0f} s: {out}/clustering/tokens.gif, "
         f"{out}/gaussian/ellipses.png, {out}/lipschitz/lipschitz.png"

@@ -12,7 +12,6 @@ Run it with `meanfield gaussian [--config FILE.toml]`.
 """
 
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from matplotlib.lines import Line2D
 
-from .. import _io, _status, plotting
+from .. import _status, plotting
 from .._attention.l2 import L2Attention
 from .._attention.sinkhorn import SinkhornAttention
 from .._attention.softmax import SoftmaxAttention
@@ -29,7 +28,9 @@ from .._measures import Gaussian
 from ..gaussian._ode import blowup_time as closed_form_blowup_time
 from ..gaussian._ode import simulate
 from ..gaussian._study import blowup_times
-from .config import check_keys, is_number, matrix, number, short
+from . import config as _config
+from .config import Key, is_number, matrix, number, short
+from .report import Output, Report, Result, format_matrix
 
 #: Save times per run, linspace(0, t1, NUM_SAVES).
 NUM_SAVES = 121
@@ -40,22 +41,8 @@ RTOL = ATOL = 1e-8
 #: Tolerances of the phase-diagram solves (only the blow-up time is kept).
 PHASE_TOL = 1e-6
 
-DEFAULTS: dict = {
-    "mean": [0.5, 0.0],
-    "cov": [[1.0, 0.3], [0.3, 0.5]],
-    "t1": 3.0,
-    "V": [[1.0, 0.0], [0.0, 1.0]],
-    "Q": [[1.0, 0.5], [0.0, 1.0]],
-    "K": [[1.0, 0.0], [0.0, 1.0]],
-    "phase": {
-        "s_range": [-1.5, 1.5, 41],
-        "r_range": [-1.5, 1.5, 41],
-        "t_max": 5.0,
-    },
-}
 
-
-def _range(value, key: str) -> list:
+def _range(value, key: str, cfg) -> list:
     ok = (
         isinstance(value, list)
         and len(value) == 3
@@ -74,8 +61,57 @@ def _range(value, key: str) -> list:
     return [float(lo), float(hi), int(count)]
 
 
+def _mean(value, key: str, cfg) -> list[float]:
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(is_number(v) and math.isfinite(v) for v in value)
+    ):
+        raise ValueError(
+            f"`{key}` must be a list of finite numbers; got {short(value)}."
+        )
+    if len(value) != 2:
+        raise ValueError(
+            f"`{key}` must have 2 entries (the figures are planar, d = 2); "
+            f"got {len(value)}."
+        )
+    return [float(v) for v in value]
+
+
+def _cov(value, key: str, cfg) -> list[list[float]]:
+    cov = matrix(2, 2)(value, key, cfg)
+    C = np.asarray(cov)
+    scale = max(float(np.abs(C).max()), 1e-300)
+    if np.abs(C - C.T).max() > 1e-12 * scale:
+        raise ValueError(f"`{key}` must be symmetric; got {cov}.")
+    lam = np.linalg.eigvalsh(C)
+    if not lam[0] > 0:
+        raise ValueError(
+            f"`{key}` must be positive definite; got eigenvalues "
+            f"{lam.round(6).tolist()}."
+        )
+    return cov
+
+
+#: The configuration: key -> (checker, default); d = 2 (the figures are planar).
+SCHEMA: dict = {
+    "mean": Key(_mean, [0.5, 0.0]),
+    "cov": Key(_cov, [[1.0, 0.3], [0.3, 0.5]]),
+    "t1": Key(number(positive=True), 3.0),
+    "V": Key(matrix(2, 2), [[1.0, 0.0], [0.0, 1.0]]),
+    "Q": Key(matrix(None, 2), [[1.0, 0.5], [0.0, 1.0]]),
+    # A = K^T Q: K has as many rows as Q.
+    "K": Key(matrix(lambda cfg: len(cfg["Q"]), 2), [[1.0, 0.0], [0.0, 1.0]]),
+    "phase": {
+        "s_range": Key(_range, [-1.5, 1.5, 41]),
+        "r_range": Key(_range, [-1.5, 1.5, 41]),
+        "t_max": Key(number(positive=True), 5.0),
+    },
+}
+
+
 def resolve_config(config: dict | None) -> dict:
-    """Validate a configuration and fill in the defaults.
+    """Validate a configuration and fill in the defaults (`SCHEMA`).
 
     Keys (all optional): `mean` (d = 2 entries), `cov` (2 x 2 symmetric positive
     definite), `t1` (> 0), `V` (2 x 2), `Q`, `K` (k x 2, same k; A = K^T Q) and a
@@ -91,48 +127,7 @@ def resolve_config(config: dict | None) -> dict:
         ValueError: unknown key, wrong type or bad value; the message (one line)
             names the key.
     """
-    config = {} if config is None else config
-    check_keys(config, DEFAULTS, None)
-    phase_in = config.get("phase", {})
-    check_keys(phase_in, DEFAULTS["phase"], "phase")
-    merged = {**DEFAULTS, **config, "phase": {**DEFAULTS["phase"], **phase_in}}
-
-    mean = merged["mean"]
-    if (
-        not isinstance(mean, list)
-        or not mean
-        or not all(is_number(v) and math.isfinite(v) for v in mean)
-    ):
-        raise ValueError(f"`mean` must be a list of finite numbers; got {short(mean)}.")
-    if len(mean) != 2:
-        raise ValueError(
-            f"`mean` must have 2 entries (the figures are planar, d = 2); "
-            f"got {len(mean)}."
-        )
-    d = 2
-    out = {"mean": [float(v) for v in mean]}
-    cov = matrix(merged["cov"], "cov", d, d)
-    C = np.asarray(cov)
-    scale = max(float(np.abs(C).max()), 1e-300)
-    if np.abs(C - C.T).max() > 1e-12 * scale:
-        raise ValueError(f"`cov` must be symmetric; got {cov}.")
-    lam = np.linalg.eigvalsh(C)
-    if not lam[0] > 0:
-        raise ValueError(
-            f"`cov` must be positive definite; got eigenvalues {lam.round(6).tolist()}."
-        )
-    out["cov"] = cov
-    out["t1"] = number(merged["t1"], "t1", positive=True)
-    out["V"] = matrix(merged["V"], "V", d, d)
-    out["Q"] = matrix(merged["Q"], "Q", None, d)
-    out["K"] = matrix(merged["K"], "K", len(out["Q"]), d)
-    phase = merged["phase"]
-    out["phase"] = {
-        "s_range": _range(phase["s_range"], "phase.s_range"),
-        "r_range": _range(phase["r_range"], "phase.r_range"),
-        "t_max": number(phase["t_max"], "phase.t_max", positive=True),
-    }
-    return out
+    return _config.resolve(SCHEMA, config)
 
 
 def _grid(spec: list) -> np.ndarray:
@@ -175,21 +170,6 @@ def _draw_global_boundary(ax, s, r) -> None:
             fontsize="small",
             framealpha=0.9,
         )
-
-
-def _fmt(matrix) -> str:
-    """Compact matrix text: [[1, 0.5], [0, 1]]."""
-    rows = np.atleast_2d(np.asarray(matrix, float))
-    return (
-        "["
-        + ", ".join("[" + ", ".join(f"{v:.3g}" for v in row) + "]" for row in rows)
-        + "]"
-    )
-
-
-def _log(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)
 
 
 def _closed_form_time(gauss, attn) -> float | None:
@@ -241,50 +221,11 @@ def run_gaussian(
     Raises:
         ValueError: invalid configuration (the message names the key).
     """
-    cfg = resolve_config(config)
-    start = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with jax.enable_x64(True):
-        summary, arrays, sols, phase = _compute(cfg, progress)
-    t1, ph = cfg["t1"], cfg["phase"]
+    return REPORT.run(resolve_config(config), out_dir, seed=seed, progress=progress)
 
-    _log(progress, "drawing figures")
-    _io.save_figure(
-        plotting.plot_covariance_ellipses(
-            sols,
-            title=(
-                f"1-sigma ellipses of N(mean(t), cov(t)): V = {_fmt(cfg['V'])}, "
-                f"A = K^T Q = {_fmt(phase['A_run'])}"
-            ),
-        ),
-        out / "ellipses.png",
-        dpi=150,
-    )
-    _io.save_figure(
-        plotting.plot_covariance_eigenvalues(
-            sols, title=rf"eigenvalues of $\Sigma(t)$ on [0, {t1:g}]"
-        ),
-        out / "eigenvalues.png",
-        dpi=150,
-    )
-    fig = plotting.plot_blowup_phase_diagram(
-        phase["s"],
-        phase["r"],
-        phase["times"],
-        t_max=ph["t_max"],
-        point=phase["point"],
-        title=(
-            f"softmax blow-up time\nA(s, r) = [[s, {PHASE_COUPLING:g}], [0, r]], "
-            f"V = {_fmt(cfg['V'])}"
-        ),
-    )
-    if np.array_equal(np.asarray(cfg["V"]), np.eye(2)):
-        _draw_global_boundary(fig.axes[0], phase["s"], phase["r"])
-    _io.save_figure(fig, out / "phase.png", dpi=150)
-    _io.save_npz_atomic(out / "gaussian.npz", **arrays)
 
-    wall = time.perf_counter() - start
+def _manifest_config(cfg: dict, out: Path) -> dict:
+    """The resolved configuration plus what the run fixes (dtype, tolerances)."""
     resolved = {
         **cfg,
         "out_dir": str(out),
@@ -300,19 +241,60 @@ def run_gaussian(
         },
     }
     resolved["phase"] = {
-        **ph,
+        **cfg["phase"],
         "family": f"A(s, r) = [[s, {PHASE_COUPLING:g}], [0, r]]",
         "attention": "SoftmaxAttention(V, A=A(s, r))",
         "rtol": PHASE_TOL,
         "atol": PHASE_TOL,
     }
-    man = _io.manifest(resolved, seed, wall)
-    man["summary"] = summary
-    _io.write_manifest(out / "manifest.json", man)
-    return summary
+    return resolved
 
 
-def _compute(cfg: dict, progress: bool):
+def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
+    """The three variants and the phase grid, in float64 (the run is seedless)."""
+    with jax.enable_x64(True):
+        summary, arrays, sols, phase = _solve(cfg, output.log)
+    data = {"sols": sols, "phase": phase}
+    return Result(summary, _manifest_config(cfg, output.dir), arrays, data)
+
+
+def _figures(cfg: dict, result: Result, output: Output) -> None:
+    """ellipses.png, eigenvalues.png and phase.png."""
+    sols, phase = result.data["sols"], result.data["phase"]
+    V = format_matrix(cfg["V"])
+    output.figure(
+        plotting.plot_covariance_ellipses(
+            sols,
+            title=(
+                f"1-sigma ellipses of N(mean(t), cov(t)): V = {V}, "
+                f"A = K^T Q = {format_matrix(phase['A_run'])}"
+            ),
+        ),
+        "ellipses.png",
+    )
+    output.figure(
+        plotting.plot_covariance_eigenvalues(
+            sols, title=rf"eigenvalues of $\Sigma(t)$ on [0, {cfg['t1']:g}]"
+        ),
+        "eigenvalues.png",
+    )
+    fig = plotting.plot_blowup_phase_diagram(
+        phase["s"],
+        phase["r"],
+        phase["times"],
+        t_max=cfg["phase"]["t_max"],
+        point=phase["point"],
+        title=(
+            f"softmax blow-up time\nA(s, r) = [[s, {PHASE_COUPLING:g}], [0, r]], "
+            f"V = {V}"
+        ),
+    )
+    if np.array_equal(np.asarray(cfg["V"]), np.eye(2)):
+        _draw_global_boundary(fig.axes[0], phase["s"], phase["r"])
+    output.figure(fig, "phase.png")
+
+
+def _solve(cfg: dict, log):
     """Solve the three variants and the phase grid (run under x64)."""
     f64 = jnp.float64
     V, Q, K = (jnp.asarray(cfg[k], f64) for k in ("V", "Q", "K"))
@@ -341,8 +323,7 @@ def _compute(cfg: dict, progress: bool):
                 f"{name}_status": np.asarray(sol.status),
             }
         )
-        _log(
-            progress,
+        log(
             f"{name}: {sol.status}, t* = {float(sol.blowup_time):.6g} "
             f"({time.perf_counter() - t0:.1f} s)",
         )
@@ -351,7 +332,7 @@ def _compute(cfg: dict, progress: bool):
     s, r = _grid(ph["s_range"]), _grid(ph["r_range"])
     S, R = np.meshgrid(s, r)  # (len(r), len(s)): row i is r[i]
     As = phase_family(S, R)
-    _log(progress, f"phase diagram: {r.size} x {s.size} runs to t = {ph['t_max']:g}")
+    log(f"phase diagram: {r.size} x {s.size} runs to t = {ph['t_max']:g}")
     t0 = time.perf_counter()
     batched = jax.vmap(lambda A: SoftmaxAttention(V, A=A))(
         jnp.asarray(As.reshape(-1, 2, 2), f64)
@@ -363,7 +344,7 @@ def _compute(cfg: dict, progress: bool):
     codes = np.asarray(study.status["softmax"]).reshape(S.shape)
     ok = (codes == _status.SUCCESS) | (codes == _status.BLOWUP)
     times = np.where(ok, times, np.nan)  # failed solves: neither inf nor a time
-    _log(progress, f"phase diagram done ({time.perf_counter() - t0:.1f} s)")
+    log(f"phase diagram done ({time.perf_counter() - t0:.1f} s)")
     arrays.update(
         phase_s=s, phase_r=r, phase_times=times, phase_status=codes, phase_A=As
     )
@@ -409,3 +390,14 @@ def format_summary(summary: dict) -> str:
         f"[0, {ph['t_max']:g}]" + (f", {ph['failed']} failed" if ph["failed"] else "")
     )
     return "\n".join(lines)
+
+
+#: `meanfield gaussian`.
+REPORT = Report(
+    "gaussian",
+    resolve_config,
+    _compute,
+    _figures,
+    format_summary,
+    arrays="gaussian.npz",
+)

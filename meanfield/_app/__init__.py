@@ -1,0 +1,16 @@
+"""The application layer: the `meanfield` command line on top of the library.
+
+    cli.py              argparse entry point (`meanfield <command>`); imports no JAX
+    config.py           configuration schemas: key -> (checker, default), `resolve`
+    report.py           the skeleton of every report: `Report`, `Output`, `Result`
+    manifest.py         run manifests (configuration, seed, versions, device)
+    gaussian_report.py  `meanfield gaussian`
+    lipschitz_report.py `meanfield lipschitz` (its summary: lipschitz_summary.py)
+    simulate_*.py       `meanfield simulate`: config (schema, attention families
+                        from the registry), segments (checkpoints), report
+    bench*.py           `meanfield bench`: config (options, no JAX), machine
+                        (floor, environment), cases, the engine (bench.py), report
+    demo.py             `meanfield demo`, the tour
+
+The library never imports from here.
+"""

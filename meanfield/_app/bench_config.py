@@ -1,0 +1,166 @@
+"""Options of `meanfield bench`: the implementations, the schema and the parser.
+
+The benchmark's settings are one schema (`config.Key` per TOML key, as for the
+other commands), filled from three places in order of precedence: the command
+line, the `--config` TOML file, then the defaults (`QUICK` ones with `--quick`).
+Options of a single run (`--out`, `--name`, `--max-n`, ...) are command-line only.
+Imports no JAX: `meanfield bench --help` answers at once.
+"""
+
+import argparse
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .config import (
+    Key,
+    int_list,
+    integer,
+    load_toml,
+    names,
+    number,
+    resolve,
+    with_defaults,
+)
+
+#: The implementations timed (see `meanfield._app.bench`).
+IMPLS = ("numpy", "jax_dense", "jax_blocked", "jax_sdpa", "keops")
+#: Implementations that also time a fixed-step solve through `mf.simulate`.
+SOLVE_IMPLS = ("jax_dense", "jax_blocked")
+GIB = 2**30
+
+#: TOML keys (and the options of the same names): key -> (checker, default).
+SCHEMA: dict = {
+    "ns": Key(int_list(1, increasing=False), [2**k for k in range(10, 21)]),
+    "ds": Key(int_list(1, increasing=False), [2, 16, 64, 128]),
+    "impls": Key(names(IMPLS), list(IMPLS)),
+    "repeats": Key(integer(1), 3),
+    "max_seconds": Key(number(positive=True), 60.0),
+    "max_gib": Key(number(positive=True), 3.0),
+    "block_size": Key(integer(1), 512),
+    "solve_steps": Key(integer(0), 10),
+}
+#: The defaults of `--quick` (explicit values still win).
+QUICK = {
+    "ns": [2**k for k in range(10, 14)],
+    "ds": [2, 16],
+    "repeats": 1,
+    "solve_steps": 3,
+}
+
+
+def size(text: str) -> int:
+    """Parse an integer, or a power written 2^k / 2**k (an argparse type).
+
+    Args:
+        text: e.g. "1024", "2^10" or "2**10".
+
+    Returns:
+        The integer.
+    """
+    match = re.fullmatch(r"(\d+)\s*(?:\^|\*\*)\s*(\d+)", text)
+    return int(match[1]) ** int(match[2]) if match else int(text)
+
+
+def limits(items: list[str] | None, parse: Callable[[str], Any]) -> dict:
+    """Parse impl=value pairs, e.g. numpy=16384 or keops=2,16.
+
+    Args:
+        items: the pairs as given on the command line.
+        parse: parses one value.
+
+    Returns:
+        impl -> parsed value.
+    """
+    out = {}
+    for item in items or []:
+        impl, _, value = item.partition("=")
+        out[impl] = parse(value)
+    return out
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """The parser of `meanfield bench`; schema options default to None (unset)."""
+    p = argparse.ArgumentParser(prog="meanfield bench", description=description)
+    # None: the --config value, else the full (or --quick) default.
+    p.add_argument("--ns", type=size, nargs="+", default=None)
+    p.add_argument("--ds", type=int, nargs="+", default=None)
+    p.add_argument("--impls", nargs="+", default=None, choices=IMPLS)
+    p.add_argument("--out", default="benchmarks/results", help="directory")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="defaults n = 2^10..2^13, d = 2 16, one repeat, 3-step solve "
+        "(explicit --ns, --ds, --repeats, --solve-steps still apply)",
+    )
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="time budget per case (evaluations + solve; default 60)",
+    )
+    p.add_argument(
+        "--max-gib",
+        type=float,
+        default=None,
+        help="memory budget of one evaluation (default 3)",
+    )
+    p.add_argument("--block-size", type=int, default=None)
+    p.add_argument("--solve-steps", type=int, default=None)
+    p.add_argument("--solve-max-n", type=size, default=None)
+    p.add_argument(
+        "--max-n",
+        nargs="*",
+        default=["numpy=16384"],
+        metavar="IMPL=N",
+        help="largest n per implementation",
+    )
+    p.add_argument(
+        "--only-ds",
+        nargs="*",
+        default=[],
+        metavar="IMPL=D,D",
+        help="dimensions per implementation, e.g. keops=2,16",
+    )
+    p.add_argument(
+        "--replot", default=None, metavar="JSON", help="only redraw a results file"
+    )
+    p.add_argument(
+        "--name", default=None, help="results name (default: the device, e.g. cpu)"
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE.toml",
+        default=None,
+        help=f"TOML with any of {', '.join(SCHEMA)}; command-line options win",
+    )
+    p.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no case lines"
+    )
+    return p
+
+
+def parse(argv: Sequence[str], description: str) -> argparse.Namespace:
+    """Parse the options and resolve the schema's: command line > TOML > defaults.
+
+    Args:
+        argv: the arguments after `bench`.
+        description: the parser's description.
+
+    Returns:
+        The options, every schema key resolved and validated.
+
+    Raises:
+        ValueError: unreadable TOML, unknown key or bad value (naming the key).
+        SystemExit: bad command-line syntax, or `--help`.
+    """
+    args = parser(description).parse_args(argv)
+    raw = load_toml(args.config) if args.config is not None else {}
+    given = {key: getattr(args, key) for key in SCHEMA}
+    # Command-line values win over the TOML's; resolve rejects unknown TOML keys.
+    merged = {**raw, **{k: v for k, v in given.items() if v is not None}}
+    schema = with_defaults(SCHEMA, QUICK) if args.quick else SCHEMA
+    for key, value in resolve(schema, merged).items():
+        setattr(args, key, value)
+    return args

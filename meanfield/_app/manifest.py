@@ -1,0 +1,100 @@
+"""Run manifests: what produced a result (configuration, seed, versions, device).
+
+Every command writes one next to its results (`manifest.json`, or inside the
+benchmark's JSON) as strict JSON, atomically (`meanfield._io`).
+"""
+
+import datetime
+import importlib.metadata
+import json
+import math
+import os
+import platform
+from typing import Any
+
+import numpy as np
+
+from .._io import atomic_write_text
+
+_VERSIONED = (
+    "meanfield",
+    "jax",
+    "jaxlib",
+    "diffrax",
+    "equinox",
+    "numpy",
+    "matplotlib",
+)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def manifest(config: dict, seed: int | None, wall_time: float | None) -> dict[str, Any]:
+    """Describe a run: configuration, seed, timing, software versions and device.
+
+    Args:
+        config: the run's parameters (JSON-serialisable).
+        seed: the PRNG seed, or None for a deterministic run.
+        wall_time: elapsed wall-clock seconds, or None if not measured.
+
+    Returns:
+        A dict with keys "config", "seed", "wall_time_s", "versions" (meanfield,
+        jax, jaxlib, diffrax, equinox, numpy, matplotlib, python), "device"
+        ({"name", "platform"}) and "created" (ISO 8601, UTC).
+    """
+    # Imported here: only the device query needs JAX, and importing this module
+    # should not initialise a backend (`meanfield --help` imports no JAX).
+    import jax
+
+    versions = {name: _version(name) for name in _VERSIONED}
+    versions["python"] = platform.python_version()
+    device = jax.devices()[0]
+    return {
+        "config": config,
+        "seed": seed,
+        "wall_time_s": wall_time,
+        "versions": versions,
+        "device": {"name": str(device), "platform": device.platform},
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _jsonable(obj: Any) -> Any:
+    """Convert NumPy/JAX values, paths and non-finite floats for strict JSON.
+
+    Non-finite floats become the strings "inf", "-inf" and "nan": bare
+    `Infinity`/`NaN` tokens are not JSON and break strict readers (jq, browsers).
+    """
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    if obj is None or isinstance(obj, bool | int | str):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else str(obj)
+    arr = np.asarray(obj)  # NumPy/JAX scalars and arrays
+    if arr.dtype == object:
+        return repr(obj)
+    return _jsonable(arr.tolist())
+
+
+def write_manifest(path: str | os.PathLike, manifest_dict: dict) -> None:
+    """Write a manifest as pretty-printed strict JSON, atomically.
+
+    NumPy/JAX arrays become (nested) lists; non-finite floats become the strings
+    "inf", "-inf", "nan".
+
+    Args:
+        path: destination file; its directory must exist.
+        manifest_dict: typically the output of `manifest`, possibly extended.
+    """
+    text = json.dumps(_jsonable(manifest_dict), indent=2, allow_nan=False)
+    atomic_write_text(path, text + "\n")
