@@ -143,6 +143,30 @@ def test_import_graph_sees_real_edges():
     assert "meanfield.gaussian._ode" in graph["meanfield.gaussian"]
 
 
+ANALYSES = ("bert", "clustering", "gaussian", "lipschitz", "wasserstein")
+
+
+def _layer(module: str) -> int:
+    """0 engine, 1 analyses, 2 plotting, 3 applications: imports only go down."""
+    top = module.split(".")[1] if "." in module else ""
+    if top in ("_app", "__main__"):  # `python -m meanfield` is the CLI
+        return 3
+    if top == "plotting":
+        return 2
+    return 1 if top in ANALYSES else 0
+
+
+def test_layers_import_only_downwards():
+    # engine (measures, attention, kernels, dynamics) <- analyses <- plotting <- app
+    upward = [
+        f"{name} -> {dep}"
+        for name, deps in _import_graph().items()
+        for dep in deps
+        if _layer(dep) > _layer(name)
+    ]
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
 @pytest.mark.parametrize("name", sorted(_modules()))
 def test_no_module_over_600_lines(name):
     lines = len(_modules()[name].read_text().splitlines())
