@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install lint clean real-model
+.PHONY: demo test test-slow install lint clean real-model
 
 # (Re)install when pyproject.toml changes; editable so edits take effect at once.
 $(STAMP): pyproject.toml
@@ -18,8 +18,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/meanfield demo --out out
 
+# One pytest worker per core (pytest-xdist); JOBS=1 runs in one process.
+JOBS ?= auto
+
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(JOBS)
+
+# The second tier: long references and studies (`-m slow`), run by CI after `make test`.
+test-slow: $(STAMP)
+	$(PY) -m pytest -n $(JOBS) -m slow
 
 # Optional: the pretrained all-MiniLM-L6-v2 (weights + tokenizer) for real-model runs.
 real-model: $(STAMP)

@@ -1,6 +1,10 @@
 """Naive O(n^2) NumPy references (explicit double loops) and shared fixtures."""
 
+from typing import NamedTuple
+
 import numpy as np
+
+import meanfield as mf
 
 
 def _bilinear(x_i, x_j, A=None, Q=None, K=None):
@@ -97,3 +101,61 @@ def sinkhorn_velocity_numpy(x, w, V, log_kernel):
         for j in range(n):
             result[i] += w[j] * np.exp(logits[i, j] + f[i] + g[j]) * (V @ x[j])
     return result
+
+
+class ExampleParams(NamedTuple):
+    """Parameters the examples of `FAMILY_EXAMPLES` are built from."""
+
+    V: np.ndarray  # (d, d)
+    A: np.ndarray  # (d, d)
+    Q: np.ndarray  # (k, d)
+    K: np.ndarray  # (k, d)
+    W: np.ndarray  # (3, d, d): output matrices of multi-head examples
+
+
+def example_params(d: int, dtype=np.float64, seed: int = 0) -> ExampleParams:
+    """Random parameters of O(1) size (A, Q, K scaled by 0.5: moderate logits)."""
+    rng = np.random.default_rng(seed)
+    V, A, Q, K = (rng.normal(size=(d, d)) for _ in range(4))
+    W = rng.normal(size=(3, d, d)) / np.sqrt(d)
+    return ExampleParams(*(M.astype(dtype) for M in (V, 0.5 * A, 0.5 * Q, 0.5 * K, W)))
+
+
+def _nested_multihead(p: ExampleParams) -> mf.MultiHeadAttention:
+    inner = mf.MultiHeadAttention(
+        [mf.SoftmaxAttention(p.V, A=p.A), mf.L2Attention(p.V, Q=p.Q, K=p.K)],
+        out=[p.W[0], p.W[1]],
+    )
+    return mf.MultiHeadAttention(
+        [inner, mf.SoftmaxAttention(p.V, A=p.A.T)],
+        out=[p.W[2], np.eye(p.V.shape[0], dtype=p.V.dtype)],
+    )
+
+
+#: The test constructors of every attention family: registered name -> {variant ->
+#: ExampleParams -> attention}. tests/test_families.py runs its invariants on every
+#: entry and fails for a registered family that has none; "multihead" is the
+#: combinator (not registered), tested with the families.
+FAMILY_EXAMPLES = {
+    "softmax": {
+        "A": lambda p: mf.SoftmaxAttention(p.V, A=p.A),
+        "QK": lambda p: mf.SoftmaxAttention(p.V, Q=p.Q, K=p.K),
+    },
+    "l2": {"QK": lambda p: mf.L2Attention(p.V, Q=p.Q, K=p.K)},
+    "sinkhorn": {
+        "dot": lambda p: mf.SinkhornAttention(p.V, A=p.A),
+        "l2": lambda p: mf.SinkhornAttention(p.V, Q=p.Q, K=p.K, kernel="l2"),
+    },
+    "unnormalized": {"A": lambda p: mf.UnnormalizedAttention(p.V, A=p.A)},
+    "linear": {"A": lambda p: mf.LinearAttention(p.V, A=p.A)},
+    "relu": {"A": lambda p: mf.ReLUAttention(p.V, A=p.A)},
+    "sigmoid": {"A": lambda p: mf.SigmoidAttention(p.V, A=p.A)},
+    "multihead": {
+        "softmax+l2": lambda p: mf.MultiHeadAttention(
+            [mf.SoftmaxAttention(p.V, A=p.A), mf.L2Attention(p.V, Q=p.Q, K=p.K)]
+        ),
+        "nested+out": _nested_multihead,
+    },
+}
+#: Entries of FAMILY_EXAMPLES that combine families rather than being one.
+COMBINATORS = ("multihead",)

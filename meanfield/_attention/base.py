@@ -5,6 +5,7 @@ V in R^{d x d}, so <Q x, K y> = <A x, y>. Each may be an array or a function of 
 """
 
 import abc
+from typing import ClassVar
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -131,11 +132,117 @@ def check_param_shapes(V, A=None, Q=None, K=None) -> None:
             )
 
 
+def norm2(M) -> Float[Array, ""]:
+    """Spectral norm |M|_2."""
+    return jnp.linalg.norm(M, ord=2)
+
+
 class AbstractAttention(eqx.Module):
     """A self-attention velocity field mu -> Gamma_mu.
 
     Subclasses implement `_evaluate`; the public methods validate inputs once.
+
+    What the analyses (`mf.gaussian`, `mf.lipschitz`, `mf.wasserstein`) know about a
+    family lives on its class, so a new family is one module:
+
+    - `normalised` (an abstract class variable: every family declares it, once):
+      Gamma_mu(x) is an average of the values V y against a probability kernel,
+      hence |Gamma_mu(x)| <= |V|_2 R when mu lives in B_R (the support bound of the
+      stability estimate). True for `AbstractKernelAttention` and Sinkhorn, False
+      for `AbstractIllPosedAttention`; for multi-head, whether all heads are.
+    - Optional formulas, None by default meaning "no such result for this family"
+      (as diffrax's `AbstractSolver.order`); a final class overrides only those it
+      has: `kernel_constants` (mean-field Lipschitz and Gronwall bounds),
+      `lipschitz_growth` (finite-n Lipschitz bound), `gaussian_field` and
+      `covariance_growth_rate` (Gaussian moment ODE).
+    - `flat_heads`: the attention as a sum of single-family heads W_h Gamma_h, the
+      one recursion over multi-head attention that every analysis uses.
     """
+
+    normalised: eqx.AbstractClassVar[bool]
+
+    def flat_heads(
+        self, t=0.0, d: int | None = None
+    ) -> list[tuple["AbstractAttention", Float[Array, "d d"] | None]]:
+        """This attention as sum_h W_h Gamma_h over single-family heads Gamma_h.
+
+        Args:
+            t: time at which the output matrices are evaluated.
+            d: token dimension the output matrices must match, or None (no check).
+
+        Returns:
+            [(head, W_h)] with W_h (d, d) the product of the output matrices above
+            the head, None for the identity. A single family is its own only head,
+            [(self, None)]; `MultiHeadAttention` expands nested heads.
+        """
+        return [(self, None)]
+
+    def kernel_constants(
+        self, t, d: int
+    ) -> tuple[Float[Array, ""], Float[Array, ""], Float[Array, ""]] | None:
+        """(c_x, c_y, c_o) of the log-kernel phi(x, y) = log k(x, y) at time t.
+
+        For x, y in the ball B_R: |grad_x phi| <= c_x R, |grad_y phi| <= c_y R and
+        osc_y phi <= c_o R^2 (derivation in `mf.wasserstein`'s stability module).
+        They give the mean-field Lipschitz constant (`mf.lipschitz.meanfield_bound`)
+        and the Gronwall bound of `mf.wasserstein.stability`.
+
+        Args:
+            t: time of time-dependent parameters.
+            d: token dimension.
+
+        Returns:
+            The three constants, or None (the default): no bound for this family,
+            and those bounds are +inf.
+        """
+        return None
+
+    def lipschitz_growth(self, n: int, R: float, t, d: int) -> Float[Array, ""] | None:
+        """g(n, R) with Lip(f) <= |V|_2 g(n, R) for n tokens in B_R; None if unproved.
+
+        f(X)_i = Gamma_X(x_i) on (R^d)^n (`mf.lipschitz.upper_bound`, which weighs
+        each head by |W_h V_h|_2).
+
+        Args:
+            n: number of tokens.
+            R: radius of the ball holding every token.
+            t: time of time-dependent parameters.
+            d: token dimension.
+
+        Returns:
+            g(n, R), or None (the default): no finite-n bound for this family.
+        """
+        return None
+
+    def gaussian_field(
+        self, mean: Float[Array, " d"], cov: Float[Array, "d d"], t
+    ) -> tuple[Float[Array, "d d"], Float[Array, " d"]] | None:
+        """(B, b) with Gamma_mu(x) = B x + b on mu = N(mean, cov) (MATH.md s. 3).
+
+        Args:
+            mean: alpha, shape (d,).
+            cov: Sigma, shape (d, d).
+            t: time of time-dependent parameters.
+
+        Returns:
+            (B (d, d), b (d,)), or None (the default): the field is not affine and
+            the family does not keep Gaussians Gaussian (`mf.gaussian` refuses it).
+        """
+        return None
+
+    def covariance_growth_rate(self, t, d: int) -> Float[Array, ""] | None:
+        """r(t) with |Sigma(t)| <= |Sigma(0)| e^{2 int r} for Gaussians, if known.
+
+        Used by `mf.gaussian.simulate` to tell exponential growth from a blow-up.
+
+        Args:
+            t: time of time-dependent parameters.
+            d: token dimension.
+
+        Returns:
+            r(t), or None (the default): |V|_2 is used as the reference rate.
+        """
+        return None
 
     @abc.abstractmethod
     def _evaluate(
@@ -253,6 +360,8 @@ class AbstractKernelAttention(AbstractAttention):
     V: eqx.AbstractVar[Param]
     blocking: eqx.AbstractVar[str]
     block_size: eqx.AbstractVar[int]
+    # Rows of the kernel are probability vectors: |Gamma_mu(x)| <= |V|_2 R on B_R.
+    normalised: ClassVar[bool] = True
 
     @abc.abstractmethod
     def features(

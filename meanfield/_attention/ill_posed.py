@@ -6,6 +6,7 @@ exponential kernel does for A = V = I and tokens close to each other.
 """
 
 import abc
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +30,8 @@ class AbstractIllPosedAttention(AbstractAttention):
     A: Param | None
     Q: Param | None
     K: Param | None
+    # No normalisation: |Gamma_mu| grows with the kernel, no support bound holds.
+    normalised: ClassVar[bool] = False
 
     def __init__(
         self,

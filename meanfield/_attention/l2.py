@@ -9,6 +9,9 @@ from .base import (
     bilinear_features,
     check_blocking,
     init_params,
+    interaction_matrix,
+    norm2,
+    param_at,
 )
 from .registry import register
 
@@ -51,3 +54,42 @@ class L2Attention(AbstractKernelAttention):
         """(2 Q z, K x, -|K x|^2)."""
         qz, kx = bilinear_features(None, self.Q, self.K, t, z, x)
         return 2 * qz, kx, -jnp.sum(kx**2, axis=-1)
+
+    def _QK(self, t, d):
+        Q = param_at(self.Q, t, "Q", (None, d))
+        return Q, param_at(self.K, t, "K", (Q.shape[0], d))
+
+    def kernel_constants(self, t, d):
+        """Constants of phi = 2 <Q x, K y> - |K y|^2 (the x-only term cancels).
+
+        With a = 2 |K^T Q|_2 and k = |K|_2: c_x = a, c_y = a + 2 k^2, c_o = 2 a + k^2.
+        """
+        Q, K = self._QK(t, d)
+        a, k2 = 2 * norm2(K.T @ Q), norm2(K) ** 2
+        return a, a + 2 * k2, 2 * a + k2
+
+    def gaussian_field(self, mean, cov, t):
+        """B = 2 V D Sigma A, b = V D alpha with D = (I + 2 Sigma K^T K)^{-1}.
+
+        The tilted Gaussian has precision Sigma^{-1} + 2 K^T K (MATH.md s. 3).
+        """
+        d = mean.shape[0]
+        V = param_at(self.V, t, "V", (d, d))
+        A = interaction_matrix(self, t, d)
+        _, K = self._QK(t, d)
+        eye = jnp.eye(d, dtype=mean.dtype)
+        D = jnp.linalg.solve(eye + 2 * cov @ K.T @ K, eye)
+        return 2 * V @ D @ cov @ A, V @ D @ mean
+
+    def covariance_growth_rate(self, t, d):
+        """|V|_2 |Q|_2 / s_min(K) when K has full column rank (|B| <= this), else |V|.
+
+        The ratio is floored at 1 so the rate is never below the reference |V|_2.
+        """
+        Q, K = self._QK(t, d)
+        rate = norm2(param_at(self.V, t, "V", (d, d)))
+        sv = jnp.linalg.svd(K, compute_uv=False)
+        s_min = sv[-1] if K.shape[0] >= d else jnp.zeros((), sv.dtype)
+        full_rank = s_min > 1e-8 * sv[0]
+        ratio = norm2(Q) / jnp.where(full_rank, s_min, 1)
+        return rate * jnp.where(full_rank, jnp.maximum(ratio, 1), 1)

@@ -1,7 +1,16 @@
 """The attention families by name, read by the CLI, configurations, bounds and docs.
 
 A family is a final attention class decorated with `@register("name")`; the name is
-what a TOML configuration (`[attention] kind = "name"`) and the command line use.
+what a TOML configuration (`[attention] kind = "name"`) and the command line use,
+and the constructor's keywords (`inspect.signature(cls)`) are the keys it accepts.
+
+Order: registration order, which `meanfield._attention`'s imports fix: softmax, l2,
+sinkhorn, then unnormalized, linear, relu, sigmoid, then families added later.
+
+`MultiHeadAttention` is not a family: it combines heads of any families (built in
+code, not from one name and a set of matrices), so it is not registered. Analyses
+see it through `AbstractAttention.flat_heads`. Adding a family:
+docs/adding_an_attention_family.md.
 """
 
 from collections.abc import Callable
@@ -11,7 +20,7 @@ from .base import AbstractAttention
 
 _A = TypeVar("_A", bound=type[AbstractAttention])
 
-#: name -> attention class, in registration order.
+#: name -> final attention class, in registration order (see the module docstring).
 FAMILIES: dict[str, type[AbstractAttention]] = {}
 
 

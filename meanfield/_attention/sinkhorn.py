@@ -1,6 +1,7 @@
 """Sinkhorn (doubly stochastic) attention: Sinkformers (Sander et al., AISTATS 2022)."""
 
 import functools
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -13,6 +14,7 @@ from jaxtyping import Array, Bool, Float, Int
 from .._custom_types import Param, ParamLike
 from .._kernels import blocked as _blocked
 from .._kernels import dense as _kernels
+from .._linalg import safe_eigh, sym_sqrt
 from .._measures import AbstractParticles, MaskedParticles
 from .base import (
     QUERY_BLOCKS,
@@ -20,6 +22,8 @@ from .base import (
     bilinear_features,
     check_blocking,
     init_params,
+    interaction_matrix,
+    param_at,
     softmax_average,
     use_blocked,
     values_at,
@@ -88,6 +92,27 @@ def _sinkhorn_step(g, args, block=None):
     return g_new - jnp.sum(w * g_new)
 
 
+@functools.cache
+def _step(block):
+    # One function object per block size: optimistix compiles its loop once per
+    # function object, so a fresh partial per call would recompile every eager call.
+    return functools.partial(_sinkhorn_step, block=block)
+
+
+def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:
+    """S^T Sigma^{-1} for the entropic self-coupling of N(., Sigma), cost -<A x, y>.
+
+    Stable form of MATH.md s. 3: S^T Sigma^{-1} = Sigma^{1/2} X Sigma^{1/2} A with
+    X = 2 (I + (I + 4 G)^{1/2})^{-1} and G = Sigma^{1/2} A Sigma A^T Sigma^{1/2}
+    (symmetric PSD): one eigendecomposition of G, no inverse of A or Sigma.
+    """
+    root = sym_sqrt(cov)
+    G = root @ A @ cov @ A.T @ root
+    gam, U = safe_eigh((G + G.T) / 2)
+    X = (U * (2 / (1 + jnp.sqrt(1 + 4 * jnp.maximum(gam, 0))))[None, :]) @ U.T
+    return root @ X @ root @ A
+
+
 @register("sinkhorn")
 class SinkhornAttention(AbstractAttention):
     """Sinkhorn attention: the kernel is made doubly stochastic w.r.t. mu.
@@ -133,6 +158,8 @@ class SinkhornAttention(AbstractAttention):
     tol: float | None = eqx.field(static=True)
     blocking: str = eqx.field(static=True)
     block_size: int = eqx.field(static=True)
+    # Rows of k_inf are probability vectors against mu: |Gamma_mu(x)| <= |V|_2 R.
+    normalised: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -161,6 +188,9 @@ class SinkhornAttention(AbstractAttention):
 
     def _logit_features(self, z, x, t):
         q, keys = bilinear_features(self.A, self.Q, self.K, t, z, x)
+        # In the tokens' dtype: float64 parameters must not promote a float32
+        # measure (the fixed point's state keeps the measure's dtype).
+        q, keys = q.astype(z.dtype), keys.astype(z.dtype)
         if self.kernel == "l2":
             # -|Qz|^2 is a row constant and is absorbed by f; keep -|Kx|^2 as a bias.
             return 2 * q, keys, -jnp.sum(keys**2, axis=-1)
@@ -205,7 +235,7 @@ class SinkhornAttention(AbstractAttention):
         g = jnp.zeros_like(w)
         if self.max_iter > 0:
             sol = optx.fixed_point(
-                functools.partial(_sinkhorn_step, block=block),
+                _step(block),
                 optx.FixedPointIteration(
                     # optimistix keeps its error in the default float dtype; a
                     # float32 state under x64 needs the tolerance there too.
@@ -254,3 +284,17 @@ class SinkhornAttention(AbstractAttention):
         # max_iter = 0 is softmax by definition, not a convergence failure.
         ok = pot.converged if self.max_iter > 0 else jnp.array(True)
         return vel, ok
+
+    def gaussian_field(self, mean, cov, t):
+        """B = V S^T Sigma^{-1}, b = V alpha - B alpha (Sander et al.; MATH.md s. 3).
+
+        S is the cross-covariance of the entropic self-coupling of N(alpha, Sigma)
+        (`sinkhorn_gain`); kernel "l2" has the limit of "dot" with A -> 2 K^T Q.
+        """
+        d = mean.shape[0]
+        V = param_at(self.V, t, "V", (d, d))
+        A = interaction_matrix(self, t, d)
+        if self.kernel == "l2":
+            A = 2 * A
+        B = V @ sinkhorn_gain(A, cov)
+        return B, V @ mean - B @ mean

@@ -1,6 +1,7 @@
 """Softmax self-attention (as a PDE: Geshkovski et al., 2023; Castin et al., 2025)."""
 
 import equinox as eqx
+import jax.numpy as jnp
 
 from .._custom_types import Param, ParamLike
 from .base import (
@@ -8,6 +9,9 @@ from .base import (
     bilinear_features,
     check_blocking,
     init_params,
+    interaction_matrix,
+    norm2,
+    param_at,
 )
 from .registry import register
 
@@ -55,3 +59,26 @@ class SoftmaxAttention(AbstractKernelAttention):
         """(A z, x, None): log k(z, x) = <A z, x>."""
         q, keys = bilinear_features(self.A, self.Q, self.K, t, z, x)
         return q, keys, None
+
+    def kernel_constants(self, t, d):
+        """Constants of phi = <A x, y>: c_x = c_y = |A|_2 and c_o = 2 |A|_2."""
+        a = norm2(interaction_matrix(self, t, d))
+        return a, a, 2 * a
+
+    def lipschitz_growth(self, n, R, t, d):
+        """sqrt(3) (|A|_2^2 R^4 (4 n + 1) + n)^{1/2}.
+
+        Castin, Ablin & Peyre (ICML 2024), Thm 3.3, and Thm 4.3 for masked
+        attention: Lip <= |V|_2 times this on B_R^n.
+        """
+        a = norm2(interaction_matrix(self, t, d))
+        return jnp.sqrt(3.0) * jnp.sqrt(a**2 * R**4 * (4 * n + 1) + n)
+
+    def gaussian_field(self, mean, cov, t):
+        """B = V Sigma A, b = V alpha.
+
+        Tilting N(alpha, Sigma) by e^{<A x, y>} gives N(alpha + Sigma A x, Sigma).
+        """
+        d = mean.shape[0]
+        V = param_at(self.V, t, "V", (d, d))
+        return V @ cov @ interaction_matrix(self, t, d), V @ mean

@@ -14,9 +14,8 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .. import _status
-from .._attention.base import AbstractAttention, interaction_matrix, param_at
-from .._attention.l2 import L2Attention
-from .._attention.multihead import MultiHeadAttention, heads_with_outputs
+from .._attention.base import AbstractAttention, interaction_matrix
+from .._attention.norms import norm2, value_norm
 from .._attention.softmax import SoftmaxAttention
 from .._checks import is_traced
 from .._dynamics import save_times
@@ -65,29 +64,20 @@ def _symmetrize(S):
 def _value_rate(attn, t, d):
     """Growth rate r(t) of a blow-up-free run: |Sigma(t)| <= |Sigma0| e^{2 int r}.
 
-    Sinkhorn: r = |V|_2 (|S| <= |Sigma|). L2 with K of full column rank:
-    r = |V| |Q| / s_min(K) (MATH.md section 3). Softmax has no such bound (B = V Sigma A
-    grows with Sigma); |V|_2 is used as the reference rate. Multi-head: sum of
-    |W_h| r_h.
+    Per head, `covariance_growth_rate` where the family gives one (L2 with K of full
+    column rank: r = |V| |Q| / s_min(K), MATH.md section 3), else |V|_2: Sinkhorn
+    has r = |V|_2 (|S| <= |Sigma|); softmax has no such bound (B = V Sigma A grows
+    with Sigma) and |V|_2 is the reference rate. Multi-head: sum of |W_h| r_h.
     """
-    if isinstance(attn, MultiHeadAttention):
-        total = 0.0
-        for head, W in heads_with_outputs(attn, t, d):
-            rate = _value_rate(head, t, d)
-            if W is not None:
-                rate = rate * jnp.linalg.norm(W, 2)
-            total = total + rate
-        return total
-    rate = jnp.linalg.norm(param_at(attn.V, t, "V", (d, d)), 2)
-    if isinstance(attn, L2Attention):
-        Q = param_at(attn.Q, t, "Q", (None, d))
-        K = param_at(attn.K, t, "K", (Q.shape[0], d))
-        sv = jnp.linalg.svd(K, compute_uv=False)
-        s_min = sv[-1] if K.shape[0] >= d else jnp.zeros((), sv.dtype)
-        full_rank = s_min > 1e-8 * sv[0]
-        ratio = jnp.linalg.norm(Q, 2) / jnp.where(full_rank, s_min, 1)
-        rate = rate * jnp.where(full_rank, jnp.maximum(ratio, 1), 1)
-    return rate
+    total = 0.0
+    for head, W in attn.flat_heads(t, d):
+        rate = head.covariance_growth_rate(t, d)
+        if rate is None:
+            rate = value_norm(head, t, d, None)
+        if W is not None:
+            rate = rate * norm2(W)
+        total = total + rate
+    return total
 
 
 def _lambda_max(t, y):
@@ -142,7 +132,7 @@ def _augmented_field(attn, d):
 def _check(gauss, attn):
     if not isinstance(gauss, Gaussian):
         raise ValueError(f"`gauss` must be a `Gaussian`; got {type(gauss).__name__}.")
-    check_supported(attn, gauss.dim)
+    check_supported(attn, gauss)
 
 
 def simulate(

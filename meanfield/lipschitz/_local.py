@@ -12,13 +12,7 @@ import jax.random as jr
 from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 
 from .._attention.base import AbstractAttention, interaction_matrix, param_at
-from .._attention.multihead import MultiHeadAttention
-from .._attention.norms import (
-    flat_heads,
-    interaction_norm,
-    meanfield_lipschitz,
-    value_norm,
-)
+from .._attention.norms import meanfield_lipschitz, value_norm
 from .._attention.softmax import SoftmaxAttention
 from .._measures import AbstractParticles, MaskedParticles, Particles
 from .._params import at
@@ -266,22 +260,10 @@ def local(
     return _lanczos(*args, krylov=int(krylov))
 
 
-def _softmax_heads(attn, name: str, t, d) -> list:
-    heads = flat_heads(attn, t, d)
-    for head, _ in heads:
-        if not isinstance(head, SoftmaxAttention):
-            raise ValueError(
-                f"`{name}` is proved for softmax attention (heads of "
-                f"MultiHeadAttention included); got a {type(head).__name__} head."
-            )
-    return heads
-
-
 def token_dim(attn: AbstractAttention, t=0.0) -> int:
     """d, read from the value matrix of the first head."""
-    while isinstance(attn, MultiHeadAttention):
-        attn = attn.heads[0]
-    return int(at(attn.V, t).shape[-1])
+    head, _ = attn.flat_heads(t)[0]
+    return int(at(head.V, t).shape[-1])
 
 
 def _check_size(n, R) -> tuple[int, float]:
@@ -298,9 +280,11 @@ def upper_bound(attn: AbstractAttention, n: int, R: float, *, t=0.0):
     Lip <= sqrt(3) |V|_2 (|A|_2^2 R^4 (4 n + 1) + n)^{1/2}; multi-head: the sum over
     heads of |W_h V_h|_2 / |V_h|_2-weighted head bounds, i.e. |V| replaced by
     |W_h V_h| (W_h Gamma_h is a head with values W_h V_h; at most |W_h| times it).
+    Each head's factor is its family's `lipschitz_growth`.
 
     Args:
-        attn: softmax attention, or multi-head of softmax heads.
+        attn: softmax attention, or multi-head of softmax heads (or of any family
+            that gives `lipschitz_growth`).
         n: number of tokens.
         R: radius of the ball holding every token.
         t: time of time-dependent parameters.
@@ -309,15 +293,20 @@ def upper_bound(attn: AbstractAttention, n: int, R: float, *, t=0.0):
         The bound (scalar).
 
     Raises:
-        ValueError: other families, n < 1, R <= 0.
+        ValueError: a head without a finite-n bound, n < 1, R <= 0.
     """
     n, R = _check_size(n, R)
     d = token_dim(attn, t)
     total = 0.0
-    for head, out in _softmax_heads(attn, "upper_bound", t, d):
-        a = interaction_norm(head, t, d)
-        v = value_norm(head, t, d, out)
-        total = total + jnp.sqrt(3.0) * v * jnp.sqrt(a**2 * R**4 * (4 * n + 1) + n)
+    for head, out in attn.flat_heads(t, d):
+        growth = head.lipschitz_growth(n, R, t, d)
+        if growth is None:
+            raise ValueError(
+                "`upper_bound` is proved for softmax attention (heads of "
+                "MultiHeadAttention included) and families that give "
+                f"`lipschitz_growth`; got a {type(head).__name__} head."
+            )
+        total = total + value_norm(head, t, d, out) * growth
     return total
 
 

@@ -35,8 +35,10 @@ sum_g m_g / M_g for p = 1 (group masses m_g, prefix masses M_g). Hence
 L_masked = |V| (h_p + (c_x + 2 h_p c_y) R^2) e^{c_o R^2}: the unmasked L is not an upper
 bound there (masked attention exceeds it even as R -> 0).
 
-Sinkhorn attention keeps the radius bound (its rows are probability vectors) but has
-no bound here (`bound` = +inf); the ill-posed kernels have neither.
+Each family gives its constants (`AbstractAttention.kernel_constants`) and says
+whether its rows are probability vectors (`normalised`). Sinkhorn attention keeps
+the radius bound (`normalised`) but has no constants (`bound` = +inf); the ill-posed
+kernels (not `normalised`) have neither.
 """
 
 import dataclasses
@@ -46,8 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._attention.base import AbstractAttention
-from .._attention.ill_posed import AbstractIllPosedAttention
-from .._attention.norms import flat_heads, kernel_constants, value_norm
+from .._attention.norms import value_norm
 from .._dynamics import simulate
 from .._measures import AbstractParticles, MaskedParticles
 from . import _distance as _wasserstein
@@ -128,15 +129,15 @@ def gronwall_bound(
     grid = np.union1d(np.linspace(ts[0], ts[-1], GRID_STEPS + 1), ts)
     dt = np.diff(grid)
     right = jnp.asarray(grid[1:])
-    heads = flat_heads(attn, grid[0], d)
-    if any(isinstance(h, AbstractIllPosedAttention) for h, _ in heads):
+    heads = attn.flat_heads(grid[0], d)
+    if not all(head.normalised for head, _ in heads):  # the ill-posed kernels
         inf = np.full(ts.shape, np.inf)
         return inf, inf
 
     def constants(t):  # (H, 4): |W V|, c_x, c_y, c_o per head
         rows = []
-        for head, out in flat_heads(attn, t, d):
-            c = kernel_constants(head, t, d)
+        for head, out in attn.flat_heads(t, d):
+            c = head.kernel_constants(t, d)
             c = (jnp.inf,) * 3 if c is None else c
             rows.append(jnp.stack([value_norm(head, t, d, out), *c]))
         return jnp.stack(rows)
