@@ -136,9 +136,9 @@ finish(fig, "05_compiled_memory")
 # `tracemalloc` peak), and measures this machine's floor (exp throughput and matmul
 # rate) in the same run. In full mode this cell runs the command line
 # `meanfield bench --quick` (n = 2¹⁰…2¹³, d = 2 and 16, about a minute). The smoke
-# test runs the same engine (`meanfield._app.bench.run`) on two tiny sizes with one quick
-# floor measurement: the command line measures the floor twice, at the start and at
-# the end of the run, which alone takes about 4 s. Both write the same JSON.
+# test runs the same engine (`meanfield._app.bench.run`) on two tiny sizes with one
+# quick floor measurement: the command line measures the floor twice, at the start
+# and at the end of the run, which alone takes about 4 s. Both write the same JSON.
 
 # %%
 with tempfile.TemporaryDirectory(prefix="meanfield_bench_") as tmp:
