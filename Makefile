@@ -18,15 +18,16 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/meanfield demo --out out
 
-# One pytest worker per core (pytest-xdist); JOBS=1 runs in one process.
+# One pytest worker per core (pytest-xdist; idle workers steal queued tests).
+# JOBS=1 runs in one process.
 JOBS ?= auto
 
 test: $(STAMP)
-	$(PY) -m pytest -n $(JOBS)
+	$(PY) -m pytest -n $(JOBS) --dist worksteal
 
 # The second tier: long references and studies (`-m slow`), run by CI after `make test`.
 test-slow: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -m slow
+	$(PY) -m pytest -n $(JOBS) --dist worksteal -m slow
 
 # Optional: the pretrained all-MiniLM-L6-v2 (weights + tokenizer) for real-model runs.
 real-model: $(STAMP)

@@ -171,6 +171,8 @@ SHARDED_SCRIPT = textwrap.dedent(
 )
 
 
+# Second tier (make test-slow): a 4-device subprocess, 44 s of compiles on 2 cores.
+@pytest.mark.slow
 def test_sharded_velocity_and_simulate_match_single_device():
     # A fresh process: the device count is fixed when jax initialises.
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")

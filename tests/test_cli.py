@@ -6,6 +6,9 @@ import pytest
 from meanfield._app.cli import main
 
 
+# Second tier (make test-slow): the whole tour, 54 s; each command it runs keeps a
+# small end-to-end test in the default suite.
+@pytest.mark.slow
 def test_demo_tour_writes_the_three_headline_figures_and_manifests(tmp_path, capsys):
     out = tmp_path / "out"
     args = ["demo", "--out", str(out), "--n", "24", "--seed", "3", "--quick"]

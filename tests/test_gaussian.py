@@ -60,6 +60,8 @@ def test_affine_field_matches_monte_carlo_at_rate_one_over_sqrt_n(key, family):
     assert errs[-1] < 1e-2
 
 
+# Second tier (make test-slow): Sinkhorn on up to 8000 samples, 111 s on 2 cores.
+@pytest.mark.slow
 def test_sinkhorn_affine_field_matches_discrete_sinkhorn_on_samples(key):
     d = 2
     A, V, _, _ = _random(jr.key(3), d, 0.5)
@@ -248,6 +250,8 @@ def test_limit_rank_bound_for_symmetric_A(key):
     assert np.all(ranks == d - r)
 
 
+# Second tier (make test-slow): particle solves at n = 1000 and 4000, 77 s.
+@pytest.mark.slow
 def test_particles_follow_the_moment_ode(key):
     A, V, _, _ = _random(jr.key(8), 2, 0.5)
     gauss = mf.Gaussian(ALPHA0, SIGMA0)

@@ -149,6 +149,8 @@ def _slope(ns, values):
     return np.polyfit(np.log(ns), np.log(values), 1)[0]
 
 
+# Second tier (make test-slow): Lanczos up to n = 2^12, 71 s on 2 cores.
+@pytest.mark.slow
 def test_adversarial_inputs_grow_like_sqrt_n(key):
     # gamma = 1, R = 3: e^{2 gamma R^2} = 6.6e7 >> 4096, so the sqrt(n) regime holds
     # on the whole range (MATH.md s. 5).
