@@ -117,6 +117,9 @@ def test_unknown_impl():
         _bench.run([64], [2], ("torch",), progress=False)
 
 
+# Second tier (make test-slow): the command with its floor measurement, 24 s; the
+# engine it calls is tested above.
+@pytest.mark.slow
 def test_bench_command_writes_results_and_rejects_bad_config(tmp_path, capsys):
     from meanfield._app.cli import main
 

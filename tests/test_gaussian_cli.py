@@ -24,6 +24,9 @@ def _toml(tmp_path, text, name="config.toml"):
     return str(path)
 
 
+# Second tier (make test-slow): default grids, 28 s; the progress test below runs
+# the command end to end on a tiny configuration in the default suite.
+@pytest.mark.slow
 def test_gaussian_writes_figures_arrays_and_manifest(tmp_path, capsys):
     out = tmp_path / "out"
     config = _toml(tmp_path, SMALL)
