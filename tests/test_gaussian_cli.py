@@ -24,8 +24,8 @@ def _toml(tmp_path, text, name="config.toml"):
     return str(path)
 
 
-# Second tier (make test-slow): default grids, 28 s; the progress test below runs
-# the command end to end on a tiny configuration in the default suite.
+# Second tier (make test-slow): 28 s of solves; the progress test below runs the
+# command end to end on the same small configuration in the default suite.
 @pytest.mark.slow
 def test_gaussian_writes_figures_arrays_and_manifest(tmp_path, capsys):
     out = tmp_path / "out"
@@ -63,7 +63,7 @@ def test_gaussian_writes_figures_arrays_and_manifest(tmp_path, capsys):
 
 
 def test_progress_lines_go_to_stderr(tmp_path, capsys):
-    # The configuration of the test above: its compiled solves are reused.
+    # The configuration of the test above (in the second tier).
     out = tmp_path / "out"
     assert (
         main(["gaussian", "--config", _toml(tmp_path, SMALL), "--out", str(out)]) == 0
