@@ -259,6 +259,8 @@ def simulate(
     user_save = save_times(saveat, t0, t1, dtype)
     # A step below 100 ulps of t cannot resolve the solution (see _solve).
     dtmin = 100 * jnp.finfo(dtype).eps * jnp.maximum(jnp.maximum(abs(t0_), abs(t1_)), 1)
+    # Tolerances and the blow-up radius are traced too: a study over them (or a
+    # tight reference beside a default solve) compiles once.
     return _solve(
         measure,
         attn,
@@ -267,12 +269,12 @@ def simulate(
         user_save,
         None if dt0 is None else jnp.asarray(dt0, dtype),
         dtmin,
+        jnp.asarray(float(rtol), dtype),
+        jnp.asarray(float(atol), dtype),
+        jnp.asarray(math.log(blowup_radius), dtype),
         solver=solver,
-        rtol=float(rtol),
-        atol=float(atol),
         max_steps=int(max_steps),
         normalization=normalization,
-        log_radius=math.log(blowup_radius),
         progress=bool(progress),
         adjoint=adjoint,
     )
@@ -287,20 +289,20 @@ def _solve(
     user_save,
     dt0,
     dtmin,
-    *,
-    solver,
     rtol,
     atol,
+    log_radius,
+    *,
+    solver,
     max_steps,
     normalization,
-    log_radius,
     progress,
     adjoint,
 ) -> Solution:
     """The diffrax solve of `simulate` (arguments validated there).
 
-    Jitted once per (measure/attention structure, shapes, options): t0, t1, dt0 and
-    the save times are traced arrays.
+    Jitted once per (measure/attention structure, shapes, options): t0, t1, dt0,
+    the save times, the tolerances and log(blowup_radius) are traced arrays.
     """
     x0 = measure.x
     dtype = x0.dtype

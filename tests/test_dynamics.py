@@ -176,6 +176,35 @@ def test_sinkhorn_non_convergence_is_reported_by_simulate(key):
     assert sol.status == "sinkhorn_not_converged"
 
 
+def _count_compiles(fn):
+    """(fn(), number of XLA compilations it triggered)."""
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        out = jax.block_until_ready(fn())
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return out, len(events)
+
+
+def test_tolerances_and_radius_do_not_recompile(key):
+    # One compiled solve per structure: a study over rtol, atol or blowup_radius
+    # (or a tight reference next to a default run) reuses it.
+    mu, attn = mf.Particles(_tokens(key, n=5, d=2)), _identity_softmax(2)
+    first, n_first = _count_compiles(lambda: mf.simulate(mu, attn, 1.0).x)
+    tight, n_tight = _count_compiles(
+        lambda: mf.simulate(mu, attn, 1.0, rtol=1e-11, atol=1e-11, blowup_radius=1e3).x
+    )
+    assert n_first > 0 and n_tight == 0, (n_first, n_tight)
+    # The tolerances reached the solver: the default run is 1e-6 accurate only.
+    assert 1e-12 < np.max(np.abs(first - tight)) < 1e-5
+
+
 def test_simulate_under_jit_and_vmap(key):
     x = _tokens(key, n=8, d=2)
     run = jax.jit(lambda mu, attn: mf.simulate(mu, attn, 1.0).x[-1])

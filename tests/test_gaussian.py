@@ -128,6 +128,27 @@ def test_moment_ode_matches_closed_form():
     assert np.max(np.abs(sol.mean - cf.mean) / np.abs(cf.mean).max()) < 1e-8
 
 
+def test_tolerances_do_not_recompile_the_moment_ode():
+    gauss, attn = _commuting_case()
+    t = 0.5 * mf.gaussian.blowup_time(gauss, attn)
+    events = []
+
+    def listener(event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            events.append(duration)
+
+    loose = mf.gaussian.simulate(gauss, attn, t, rtol=1e-4, atol=1e-4)
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        tight = mf.gaussian.simulate(gauss, attn, t, rtol=1e-12, atol=1e-12)
+        tight.cov.block_until_ready()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert events == []
+    # The tolerances reached the solver: the loose run takes fewer steps.
+    assert int(loose.num_steps) < int(tight.num_steps)
+
+
 def test_closed_form_for_non_symmetric_commuting_case_and_global_solutions():
     # M = A + A^T negative definite: global, Sigma(t) -> 0 at rate 1/t.
     A = np.array([[-1.0, 2.0], [-2.0, -1.0]])

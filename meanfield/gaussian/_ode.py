@@ -197,8 +197,8 @@ def simulate(
     sub = save_times(saveat, t0, t1, dtype)
     log_thr = math.log(blowup_threshold) + jnp.log(jnp.linalg.eigvalsh(cov0)[-1])
     dtmin = 100 * float(jnp.finfo(dtype).eps) * max(abs(t0), abs(t1), 1.0)
-    # Times and thresholds as arrays: the jitted solve is traced once per
-    # (attention structure, d, options), not once per call.
+    # Times, thresholds and tolerances as arrays: the jitted solve is traced once
+    # per (attention structure, d, max_steps), not once per call.
     return _solve(
         mean0,
         cov0,
@@ -208,15 +208,15 @@ def simulate(
         sub,
         jnp.asarray(dtmin, dtype),
         log_thr,
-        rtol=float(rtol),
-        atol=float(atol),
+        jnp.asarray(float(rtol), dtype),
+        jnp.asarray(float(atol), dtype),
         max_steps=int(max_steps),
     )
 
 
 @eqx.filter_jit
 def _solve(
-    mean0, cov0, attn, t0, t1, sub, dtmin, log_thr, *, rtol, atol, max_steps
+    mean0, cov0, attn, t0, t1, sub, dtmin, log_thr, rtol, atol, *, max_steps
 ) -> GaussianSolution:
     """The diffrax solve of `simulate` (arguments validated there)."""
     dtype = mean0.dtype
