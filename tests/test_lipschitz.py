@@ -229,6 +229,15 @@ def test_bad_input_errors():
         L.local(soft, np.zeros((2, 2)), weights=[1.5, -0.5])
     with pytest.raises(ValueError, match="`positions` must lie in"):
         L.local(soft, np.zeros((2, 2)), positions=[0.0, 2.0])
+    for kwargs, name in (
+        (dict(krylov=0), "krylov"),
+        (dict(krylov=1), "krylov"),
+        (dict(max_iter=0), "max_iter"),
+        (dict(tol=-1.0), "tol"),
+        (dict(rtol=0.0), "rtol"),
+    ):
+        with pytest.raises(ValueError, match=f"`{name}` must be"):
+            L.local(soft, np.zeros((2, 2)), **kwargs)
 
 
 def test_float32_lanczos_converges_at_the_adversarial_configuration():
@@ -243,3 +252,51 @@ def test_float32_lanczos_converges_at_the_adversarial_configuration():
         assert bool(res.converged), dtype
         values[dtype] = float(res.value)
     assert values[jnp.float32] == pytest.approx(values[jnp.float64], rel=1e-5)
+
+
+def _bert_sized_layer(dtype, d=384, heads=12, k=32):
+    """A random 12-head softmax layer of BERT's size (all-MiniLM-L6-v2: d = 384)."""
+    rng = np.random.default_rng(0)
+    scale = 3 / np.sqrt(d)  # logits of O(1) on standard normal tokens
+    made = [
+        (
+            mf.SoftmaxAttention(
+                (rng.normal(size=(d, d)) / np.sqrt(d)).astype(dtype),
+                Q=(scale * rng.normal(size=(k, d))).astype(dtype),
+                K=(scale * rng.normal(size=(k, d))).astype(dtype),
+            ),
+            (rng.normal(size=(d, d)) / np.sqrt(d * heads)).astype(dtype),
+        )
+        for _ in range(heads)
+    ]
+    return mf.MultiHeadAttention([h for h, _ in made], out=[W for _, W in made])
+
+
+def test_float32_multihead_at_bert_size_is_right_or_not_converged():
+    # Regression: at n d = 49152 in float32 the Lanczos breakdown threshold
+    # (100 n d eps = 0.59 of the top eigenvalue) cut every Krylov space short and
+    # the loop trusted its Ritz estimate: 183.7 instead of 252.2, "converged",
+    # with a true residual of 0.35.
+    n = 128
+    x = np.random.default_rng(1).normal(size=(n, 384)).astype(np.float32)
+    layer32 = _bert_sized_layer(np.float32)
+    # Reference: the same float32 parameters in float64, Lanczos to 1e-8 (it is
+    # checked against dense Jacobians above).
+    layer64 = jax.tree.map(
+        lambda a: a.astype(np.float64) if eqx.is_inexact_array(a) else a, layer32
+    )
+    ref = L.local(layer64, x.astype(np.float64))
+    assert bool(ref.converged) and float(ref.residual) <= 1e-8
+    tol32 = 16 * np.finfo(np.float32).eps  # the floor of `tol` in float32
+    for key in (jr.key(0), jr.key(1)):
+        raw = L.local(layer32, x, key=key, refine=False)
+        # Rounding of one float32 product (~1e-5 here) keeps the true residual
+        # above 16 ulps: the run must say so rather than report convergence.
+        assert bool(raw.converged) == (float(raw.residual) <= tol32)
+        if bool(raw.converged):
+            assert float(raw.value) == pytest.approx(float(ref.value), rel=1e-4)
+        # Refined in float64 from the float32 vector: converged, and the value
+        # is the float64 one rounded to float32 (1 ulp = 6e-8 relative).
+        res = L.local(layer32, x, key=key)
+        assert res.value.dtype == jnp.float32 and bool(res.converged)
+        assert float(res.value) == pytest.approx(float(ref.value), rel=2e-7)

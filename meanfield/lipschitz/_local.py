@@ -5,6 +5,8 @@ iteration on J^T J with one `jax.jvp` and one `jax.vjp` (a linear transpose of t
 linearisation) per step: J is never formed. MATH.md s. 5.
 """
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -14,6 +16,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 from .._attention.base import AbstractAttention, interaction_matrix, param_at
 from .._attention.norms import meanfield_lipschitz, value_norm
 from .._attention.softmax import SoftmaxAttention
+from .._checks import is_traced
 from .._measures import AbstractParticles, MaskedParticles, Particles
 from .._params import at
 
@@ -25,10 +28,13 @@ class LipschitzResult(eqx.Module):
         value: sigma_max of the (weighted) Jacobian.
         direction: (n, d) maximising perturbation, unit in the norm of the problem
             (Euclidean; |e|_w^2 = sum_i w_i |e_i|^2 when weights were given).
-        iterations: power iterations done.
-        converged: stopped on the residual or on the stalled Rayleigh quotient, not
-            on `max_iter`.
-        residual: |M^T M u - rho u| / rho at the last iterate.
+        iterations: products M^T M u done.
+        converged: the true residual of the returned direction meets the
+            tolerance (`residual` <= tol), computed from one more product; never
+            the estimate of a recurrence.
+        residual: |M^T M u - rho u| / rho at the returned u (rho = <u, M^T M u>).
+            Some singular value s of M satisfies |s^2 - rho| <= residual rho
+            (Krylov-Bogoliubov), and the value is ~ rho^(1/2).
     """
 
     value: Float[Array, ""]
@@ -72,106 +78,109 @@ def _operators(attn, measure, t, weighted):
     return gram, apply, sw
 
 
-def _result(gram, apply, sw, u, iterations, stopped, tol) -> LipschitzResult:
-    # The value at the final unit u (|M u|), and its true residual: one more product.
-    # `stopped`: the iteration met its own test (Ritz residual or stalled rho). The
-    # true residual can stay above tol in float32: one product is only accurate
-    # to ~ n d eps (2e-5 measured at n d = 256), while the Ritz estimate, computed
-    # from the recurrence, keeps decreasing.
-    g = gram(u)
+def _rayleigh(u, g):
+    """(rho, relative residual) of a unit u with g = M^T M u."""
     rho = jnp.vdot(u, g)
-    residual = jnp.linalg.norm(g - rho * u) / rho
-    converged = (residual <= tol) | stopped
-    return LipschitzResult(
-        jnp.linalg.norm(apply(u)), u / sw, iterations + 1, converged, residual
-    )
+    residual = jnp.linalg.norm(g - rho * u) / jnp.where(rho > 0, rho, 1)
+    return rho, jnp.where(rho > 0, residual, jnp.inf)
 
 
-def _iterate(update, u0, products: int, max_iter, tol, rtol):
-    """Run `update(u) -> (u, rho, residual)` to convergence; (u, stopped, products).
+def _iterate(gram, apply, sw, step, u0, products, max_iter, tol, rtol):
+    """Iterate `step(u, g) -> u_new` (g = M^T M u) to convergence.
 
-    Stops at residual <= tol, a stalled rho (|Delta rho| <= rtol rho) or `max_iter`
-    products (`products` per update); `stopped` is True unless the budget ran out.
+    Every iterate's true residual |M^T M u - rho u| / rho is computed from one
+    product (which the next step reuses as its g), so the loop stops on, and
+    `converged` reports, the residual of the returned vector: never an estimate
+    from a recurrence. Stops at residual <= tol, a stall (|Delta rho| <= rtol
+    rho and a residual that no longer falls: rounding keeps it above tol,
+    `converged` False) or when
+    the next step would pass `max_iter` products (`products` per step, + 1 for
+    the residual).
     """
-    dtype = u0.dtype
+    u0 = u0 / jnp.linalg.norm(u0)
+    g0 = gram(u0)
+    rho0, res0 = _rayleigh(u0, g0)
 
     def body(state):
-        u, rho, _, _, it = state
-        u, new_rho, residual = update(u)
-        stalled = jnp.abs(new_rho - rho) <= rtol * new_rho
-        return u, new_rho, residual, stalled, it + products
+        u, g, rho, residual, _, it = state
+        new_u = step(u, g)
+        new_u = new_u / jnp.linalg.norm(new_u)
+        new_g = gram(new_u)
+        new_rho, new_residual = _rayleigh(new_u, new_g)
+        # Rounding, not slow convergence: rho no longer moves and the residual
+        # no longer shrinks (power iteration with close singular values moves
+        # rho by ~ residual^2 per step while the residual still falls).
+        stalled = (jnp.abs(new_rho - rho) <= rtol * jnp.abs(new_rho)) & (
+            new_residual >= residual
+        )
+        return new_u, new_g, new_rho, new_residual, stalled, it + products + 1
 
     def cond(state):
-        _, _, residual, stalled, it = state
-        return (it < max_iter) & (residual > tol) & ~stalled
+        _, _, _, residual, stalled, it = state
+        return (it + products + 1 <= max_iter) & (residual > tol) & ~stalled
 
-    u0 = u0 / jnp.linalg.norm(u0)
-    inf = jnp.asarray(jnp.inf, dtype)
-    init = (u0, jnp.zeros((), dtype), inf, jnp.asarray(False), jnp.asarray(0))
-    u, _, residual, stalled, it = jax.lax.while_loop(cond, body, init)
-    return u, stalled | (residual <= tol), it
+    init = (u0, g0, rho0, res0, jnp.asarray(False), jnp.asarray(1))
+    u, _, _, residual, _, it = jax.lax.while_loop(cond, body, init)
+    return LipschitzResult(
+        jnp.linalg.norm(apply(u)), u / sw, it, residual <= tol, residual
+    )
 
 
 @eqx.filter_jit
 def _power_iteration(attn, measure, u0, t, max_iter, tol, rtol, weighted):
     gram, apply, sw = _operators(attn, measure, t, weighted)
-
-    def update(u):
-        g = gram(u)
-        rho = jnp.vdot(u, g)
-        return g / jnp.linalg.norm(g), rho, jnp.linalg.norm(g - rho * u) / rho
-
-    u, stopped, it = _iterate(update, u0, 1, max_iter, tol, rtol)
-    return _result(gram, apply, sw, u, it, stopped, tol)
+    return _iterate(gram, apply, sw, lambda u, g: g, u0, 0, max_iter, tol, rtol)
 
 
 @eqx.filter_jit
 def _lanczos(attn, measure, u0, t, max_iter, tol, rtol, weighted, krylov: int):
     """Restarted Lanczos on M^T M, restarting from the top Ritz vector.
 
-    `krylov` products per cycle, with full reorthogonalisation.
+    A cycle spans {u, G u, ..., G^(krylov-1) u} (G = M^T M; G u is already known,
+    so krylov - 1 new products) with full reorthogonalisation, then one product
+    gives the Ritz vector's true residual.
     """
     gram, apply, sw = _operators(attn, measure, t, weighted)
     dtype = measure.x.dtype
     shape = measure.x.shape
     # A Krylov space has at most n d dimensions; beyond, w is pure rounding.
     krylov = min(krylov, measure.x.size)
-    breakdown = 100 * measure.x.size * jnp.finfo(dtype).eps
+    # Breakdown (an invariant subspace) is declared when what is left of w after
+    # orthogonalisation is below sqrt(eps) of the spectrum's scale. It must stay
+    # far below the spread of the spectrum: a threshold that grew with n d
+    # (100 n d eps, 0.59 in float32 at n d = 49152) cut every Krylov space after a
+    # few vectors and stopped Lanczos at a wrong Ritz value.
+    breakdown = jnp.sqrt(jnp.finfo(dtype).eps)
 
-    def cycle(u):
-        basis = jnp.zeros((krylov + 1, *shape), dtype).at[0].set(u)
+    def extend(j, w, carry):
+        # w = G v_j: the next Lanczos vector v_{j+1}, alpha_j and beta_j.
+        basis, alpha, beta = carry
+        alpha = alpha.at[j].set(jnp.vdot(basis[j], w))
+        # Full reorthogonalisation, twice (Kahan-Parlett): Krylov vectors lose
+        # orthogonality exactly when a Ritz value converges.
+        for _ in range(2):
+            w = w - jnp.tensordot(jnp.tensordot(basis, w, w.ndim), basis, 1)
+        b = jnp.linalg.norm(w)
+        # Breakdown: what is left of w is rounding noise, not a new direction;
+        # the rest of the basis stays 0.
+        alive = b > breakdown * jnp.max(jnp.abs(alpha))
+        b = jnp.where(alive, b, 0)
+        beta = beta.at[j].set(b)
+        nxt = jnp.where(alive, w / jnp.where(alive, b, 1), 0)
+        return basis.at[j + 1].set(nxt), alpha, beta
 
-        def step(j, carry):
-            basis, alpha, beta = carry
-            v = basis[j]
-            w = gram(v)
-            alpha = alpha.at[j].set(jnp.vdot(v, w))
-            # Full reorthogonalisation, twice (Kahan-Parlett): Krylov vectors lose
-            # orthogonality exactly when a Ritz value converges.
-            for _ in range(2):
-                w = w - jnp.tensordot(jnp.tensordot(basis, w, w.ndim), basis, 1)
-            b = jnp.linalg.norm(w)
-            # Breakdown (invariant subspace found): what is left of w is rounding
-            # noise, not a new direction; the rest of the basis stays 0.
-            alive = b > breakdown * jnp.max(jnp.abs(alpha))
-            b = jnp.where(alive, b, 0)
-            beta = beta.at[j].set(b)
-            nxt = jnp.where(alive, w / jnp.where(alive, b, 1), 0)
-            return basis.at[j + 1].set(nxt), alpha, beta
-
+    def cycle(u, g):
         zeros = jnp.zeros((krylov,), dtype)
-        basis, alpha, beta = jax.lax.fori_loop(0, krylov, step, (basis, zeros, zeros))
+        basis = jnp.zeros((krylov + 1, *shape), dtype).at[0].set(u)
+        carry = extend(0, g, (basis, zeros, zeros))
+        basis, alpha, beta = jax.lax.fori_loop(
+            1, krylov, lambda j, c: extend(j, gram(c[0][j]), c), carry
+        )
         T = jnp.diag(alpha) + jnp.diag(beta[:-1], 1) + jnp.diag(beta[:-1], -1)
-        theta, S = jnp.linalg.eigh(T)
-        top = S[:, -1]
-        u = jnp.tensordot(top, basis[:-1], 1)
-        u = u / jnp.linalg.norm(u)
-        # Ritz residual |M^T M u - theta u| = beta_k |last entry of the Ritz vector|.
-        residual = beta[-1] * jnp.abs(top[-1]) / theta[-1]
-        return u, theta[-1], residual
+        _, S = jnp.linalg.eigh(T)
+        return jnp.tensordot(S[:, -1], basis[:-1], 1)
 
-    u, stopped, it = _iterate(cycle, u0, krylov, max_iter, tol, rtol)
-    return _result(gram, apply, sw, u, it, stopped, tol)
+    return _iterate(gram, apply, sw, cycle, u0, krylov - 1, max_iter, tol, rtol)
 
 
 METHODS = ("lanczos", "power")
@@ -190,6 +199,7 @@ def local(
     tol: float = 1e-8,
     rtol: float = 1e-13,
     krylov: int = 16,
+    refine: bool = True,
 ) -> LipschitzResult:
     """Local Lipschitz constant |D_X f|_2 of f(X)_i = Gamma_X(x_i) (self-attention).
 
@@ -203,9 +213,20 @@ def local(
     1.6e-5 (n = 64) to 2.3e-4 (n = 1024) below the true value after 1000
     products; Lanczos converges there.
 
-    Stops when the residual |J^T J u - rho u| <= tol rho (rho = <u, J^T J u>; for
-    Lanczos the Ritz residual) or when rho stalls, |Delta rho| <= rtol rho (per
-    product for power, per cycle for Lanczos). The value is |J u| at the final u.
+    Stops when the true residual |J^T J u - rho u| <= tol rho (rho = <u, J^T J u>,
+    computed from a product at every iterate: `converged` says this held), when
+    rounding stalls it (|Delta rho| <= rtol rho while the residual no longer falls;
+    per product for power, per cycle for Lanczos; `converged` False) or when
+    `max_iter` would be passed. The value is |J u| at the final u.
+
+    Float32: a product J^T J u is accurate to ~1e-5 relative at n d ~ 5e4 (12
+    heads, d = 384), so the residual stalls above tol. With `refine` (default) and
+    float64 enabled (`jax_enable_x64`), the iteration then continues in float64 from
+    the float32 vector, on the same map (the float32 parameters, evaluated in
+    float64), and the float64 residual decides `converged`; the value and
+    direction are returned in the input's dtype. Without float64 (or inside
+    jit/vmap, or `refine=False`) such a run reports `converged=False` with its
+    residual.
 
     Masked (positions given): the causal map of Castin et al., Def. 2.6. Weighted
     (weights given): the mean-field version at mu = sum_i w_i delta_{x_i}, the norm of
@@ -223,7 +244,9 @@ def local(
         max_iter: budget of J^T J products (`converged` False when it runs out).
         tol: residual tolerance, relative to rho (raised to 16 ulps of the dtype).
         rtol: stall tolerance on rho (raised to 4 ulps of the dtype).
-        krylov: Lanczos products per cycle (memory: krylov + 1 copies of x).
+        krylov: Lanczos products per cycle (>= 2; memory: krylov + 1 copies of x).
+        refine: continue an unconverged float32 (or lower) run in float64 when
+            float64 is enabled and the inputs are concrete (see above).
 
     Returns:
         `LipschitzResult` (value, direction, iterations = products, converged,
@@ -231,7 +254,8 @@ def local(
 
     Raises:
         ValueError: bad x / positions / weights (as for the measures), not an
-            attention, unknown method.
+            attention, unknown method, max_iter < 1, krylov < 2, tol or rtol not
+            positive.
     """
     if not isinstance(attn, AbstractAttention):
         raise ValueError(
@@ -239,25 +263,76 @@ def local(
         )
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}; got {method!r}.")
+    if int(max_iter) != max_iter or max_iter < 1:
+        raise ValueError(f"`max_iter` must be a positive integer; got {max_iter!r}.")
+    if int(krylov) != krylov or krylov < 2:
+        raise ValueError(f"`krylov` must be an integer >= 2; got {krylov!r}.")
+    for name, value in (("tol", tol), ("rtol", rtol)):
+        if not float(value) > 0:
+            raise ValueError(f"`{name}` must be positive; got {value!r}.")
     measure = _measure(x, positions, weights)
     key = jr.key(0) if key is None else key
     dtype = measure.x.dtype
-    eps = float(jnp.finfo(dtype).eps)
     u0 = jr.normal(key, measure.x.shape, dtype)
+    weighted = weights is not None
+    solve = functools.partial(
+        _solve, method=method, krylov=int(krylov), weighted=weighted
+    )
+    res = solve(attn, measure, u0, t, int(max_iter), tol, rtol)
+    wide = jnp.float64
+    if not (
+        refine
+        and jax.config.jax_enable_x64
+        and jnp.finfo(dtype).bits < 64
+        and not is_traced(*jax.tree.leaves(eqx.filter((attn, measure), eqx.is_array)))
+        and not bool(res.converged)
+        and int(res.iterations) < max_iter
+    ):
+        return res
+    # The same map in float64, from the float32 vector (u = direction in the
+    # problem's norm, times sqrt(w) when weighted).
+    to_wide = functools.partial(
+        jax.tree.map,
+        lambda a: a.astype(wide) if eqx.is_inexact_array(a) else a,
+    )
+    start = res.direction.astype(wide)
+    if weighted:
+        start = start * jnp.sqrt(measure.weights.astype(wide))[:, None]
+    fine = solve(
+        to_wide(attn),
+        to_wide(measure),
+        start,
+        t,
+        int(max_iter) - int(res.iterations),
+        tol,
+        rtol,
+    )
+    return LipschitzResult(
+        fine.value.astype(dtype),
+        fine.direction.astype(dtype),
+        res.iterations + fine.iterations,
+        fine.converged,
+        fine.residual.astype(dtype),
+    )
+
+
+def _solve(attn, measure, u0, t, max_iter, tol, rtol, *, method, krylov, weighted):
+    dtype = measure.x.dtype
+    eps = float(jnp.finfo(dtype).eps)
     args = (
         attn,
         measure,
         u0,
         jnp.asarray(t, dtype),
         max_iter,
-        # Below the dtype's resolution neither test can ever pass (float32).
+        # Below the dtype's resolution neither test can ever pass.
         jnp.asarray(max(tol, 16 * eps), dtype),
         jnp.asarray(max(rtol, 4 * eps), dtype),
-        weights is not None,
+        weighted,
     )
     if method == "power":
         return _power_iteration(*args)
-    return _lanczos(*args, krylov=int(krylov))
+    return _lanczos(*args, krylov=krylov)
 
 
 def token_dim(attn: AbstractAttention, t=0.0) -> int:
