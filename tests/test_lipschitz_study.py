@@ -138,6 +138,17 @@ def test_real_model_study_matches_direct_local(small_model):
     plt.close(fig)
     one = L.real_model_study(small_model, ids, [8, 16], layers=[1], progress=False)
     np.testing.assert_allclose(one.values[0], res.values[1], rtol=1e-12)
+    # The decoder experiment: the same inputs under a causal mask (s_i = i / n).
+    causal = L.real_model_study(
+        small_model, ids, [8], layers=[1], progress=False, masked=True
+    )
+    assert causal.masked and not res.masked and causal.converged.all()
+    x = bert.hidden_states(small_model, ids[:8])[1]
+    direct = L.local(
+        bert.attention_layer(small_model, 1), x, positions=np.arange(1, 9) / 8
+    )
+    assert causal.values[0, 0] == pytest.approx(float(direct), rel=1e-10)
+    assert causal.values[0, 0] != pytest.approx(res.values[1, 0], rel=1e-3)
     with pytest.raises(ValueError, match="`lengths` must be <= 32"):
         L.real_model_study(small_model, ids, [8, 33], progress=False)
     with pytest.raises(ValueError, match="`layers` must be"):
@@ -253,7 +264,7 @@ def test_real_model_table_runs_the_layers(tmp_path, capsys, monkeypatch, small_d
     monkeypatch.setattr(report, "_tokenizers_installed", lambda: True)
     out = tmp_path / "out"
     text = SMALL.replace("max_n = 4", "max_n = 0") + (
-        "\n[real_model]\nenabled = true\nlengths = [8, 16]\n"
+        "\n[real_model]\nenabled = true\nlengths = [8, 16]\nmasked = true\n"
     )
     argv = ["lipschitz", "--config", _toml(tmp_path, text), "--out", str(out)]
     assert main([*argv, "--no-progress"]) == 0
@@ -262,9 +273,10 @@ def test_real_model_table_runs_the_layers(tmp_path, capsys, monkeypatch, small_d
     assert manifest["config"]["real_model"]["layers"] == [0, 1]
     real = manifest["summary"]["real_model"]
     assert real["lengths"] == [8, 16] and len(real["slopes"]) == 2
+    assert real["masked"] and manifest["config"]["real_model"]["masked"]
     with np.load(out / "lipschitz.npz") as data:
         assert data["real_model_values"].shape == (2, 2)
-    assert "real model" in capsys.readouterr().out
+    assert "real model (float64, causal mask" in capsys.readouterr().out
     for bad, key in (
         ("lengths = [8, 64]", "lengths"),
         ("lengths = [8, 16]\nlayers = [2]", "layers"),

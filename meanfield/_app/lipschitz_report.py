@@ -68,6 +68,8 @@ SCHEMA: dict = {
         # Omitted: every layer.
         "layers": Key(optional(int_list(0))),
         "dtype": Key(choice(DTYPES), "float64"),
+        # The decoder experiment: the same layers under a causal mask.
+        "masked": Key(boolean(), False),
     },
 }
 
@@ -90,7 +92,8 @@ def resolve_config(config: dict | None) -> dict:
     (`max_n` >= 0, 0 for no search; `restarts`, `steps`, `inner` >= 1;
     `learning_rate` > 0, default 0.02 R) and a `real_model` table (`enabled`,
     `lengths` (increasing integers >= 1, at least two), `layers` (indices; default
-    all), `dtype` "float32" or "float64").
+    all), `dtype` "float32" or "float64", `masked`: a causal mask, the decoder
+    experiment).
 
     Args:
         config: the user's configuration (e.g. parsed TOML); None for defaults.
@@ -226,6 +229,7 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
                 real_cfg["lengths"],
                 layers=real_cfg["layers"],
                 progress=output.progress,
+                masked=real_cfg["masked"],
             )
 
     arrays = {
@@ -284,7 +288,8 @@ def _figures(cfg: dict, result: Result, output: Output) -> None:
         output.figure(
             plotting.plot_real_model_lipschitz(
                 real,
-                title=f"all-MiniLM-L6-v2 attention layers ({real.dtype})",
+                title=f"all-MiniLM-L6-v2 attention layers ({real.dtype}"
+                + (", causal mask)" if real.masked else ")"),
             ),
             "real_model.png",
             bbox_inches="tight",

@@ -83,6 +83,7 @@ def summarize_study(cfg: dict, study, real) -> dict:
     if real is not None:
         summary["real_model"] = {
             "dtype": real.dtype,
+            "masked": real.masked,
             "lengths": real.lengths.tolist(),
             "layers": real.layers.tolist(),
             "slopes": real.slopes.tolist(),
@@ -141,7 +142,9 @@ def format_summary(summary: dict) -> str:
     real = summary["real_model"]
     if real is not None:
         lines.append(
-            f"real model ({real['dtype']}, n = {real['lengths'][0]}.."
+            f"real model ({real['dtype']}"
+            + (", causal mask" if real["masked"] else "")
+            + f", n = {real['lengths'][0]}.."
             f"{real['lengths'][-1]}): slopes "
             + ", ".join(
                 f"layer {l} {_g(s)}"

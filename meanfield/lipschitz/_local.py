@@ -146,11 +146,13 @@ def _lanczos(attn, measure, u0, t, max_iter, tol, rtol, weighted, krylov: int):
     # A Krylov space has at most n d dimensions; beyond, w is pure rounding.
     krylov = min(krylov, measure.x.size)
     # Breakdown (an invariant subspace) is declared when what is left of w after
-    # orthogonalisation is below sqrt(eps) of the spectrum's scale. It must stay
-    # far below the spread of the spectrum: a threshold that grew with n d
-    # (100 n d eps, 0.59 in float32 at n d = 49152) cut every Krylov space after a
-    # few vectors and stopped Lanczos at a wrong Ritz value.
-    breakdown = jnp.sqrt(jnp.finfo(dtype).eps)
+    # orthogonalisation is at rounding level, 100 eps of the spectrum's scale. It
+    # must stay below every residual the loop is asked to reach: at step 0,
+    # |w| = residual(u) rho, so a threshold of sqrt(eps) (1.5e-8) stalled float64
+    # runs at a residual of 1.1e-8 > tol, and one that grew with n d (100 n d
+    # eps, 0.59 in float32 at n d = 49152) cut every Krylov space after a few
+    # vectors and stopped at a wrong Ritz value.
+    breakdown = 100 * jnp.finfo(dtype).eps
 
     def extend(j, w, carry):
         # w = G v_j: the next Lanczos vector v_{j+1}, alpha_j and beta_j.
@@ -219,14 +221,17 @@ def local(
     per product for power, per cycle for Lanczos; `converged` False) or when
     `max_iter` would be passed. The value is |J u| at the final u.
 
-    Float32: a product J^T J u is accurate to ~1e-5 relative at n d ~ 5e4 (12
-    heads, d = 384), so the residual stalls above tol. With `refine` (default) and
-    float64 enabled (`jax_enable_x64`), the iteration then continues in float64 from
-    the float32 vector, on the same map (the float32 parameters, evaluated in
-    float64), and the float64 residual decides `converged`; the value and
-    direction are returned in the input's dtype. Without float64 (or inside
-    jit/vmap, or `refine=False`) such a run reports `converged=False` with its
-    residual.
+    Float32: a product J^T J u is only accurate to ~1e-5 relative at n d ~ 5e4
+    (12 heads, d = 384), so a float32 residual measures the rounded products, not
+    the map: a float32 run can meet tol with a value 5e-6 off. With `refine`
+    (default) and float64 enabled (`jax_enable_x64`), a run in a narrower dtype is
+    therefore checked and, if needed, finished in float64 from its vector, on the
+    same map (its parameters evaluated in float64): the float64 residual decides
+    `converged` (usually one product when the float32 run converged; at most the
+    budget left, and at least one product). The value and direction keep the
+    input's dtype. Without float64 (or inside jit/vmap, or with `refine=False`)
+    the float32 residual decides, and values are accurate to the products'
+    rounding only.
 
     Masked (positions given): the causal map of Castin et al., Def. 2.6. Weighted
     (weights given): the mean-field version at mu = sum_i w_i delta_{x_i}, the norm of
@@ -245,7 +250,7 @@ def local(
         tol: residual tolerance, relative to rho (raised to 16 ulps of the dtype).
         rtol: stall tolerance on rho (raised to 4 ulps of the dtype).
         krylov: Lanczos products per cycle (>= 2; memory: krylov + 1 copies of x).
-        refine: continue an unconverged float32 (or lower) run in float64 when
+        refine: check and finish a float32 (or narrower) run in float64 when
             float64 is enabled and the inputs are concrete (see above).
 
     Returns:
@@ -285,8 +290,6 @@ def local(
         and jax.config.jax_enable_x64
         and jnp.finfo(dtype).bits < 64
         and not is_traced(*jax.tree.leaves(eqx.filter((attn, measure), eqx.is_array)))
-        and not bool(res.converged)
-        and int(res.iterations) < max_iter
     ):
         return res
     # The same map in float64, from the float32 vector (u = direction in the
@@ -303,7 +306,8 @@ def local(
         to_wide(measure),
         start,
         t,
-        int(max_iter) - int(res.iterations),
+        # At least the one product that checks the float32 vector.
+        max(1, int(max_iter) - int(res.iterations)),
         tol,
         rtol,
     )
@@ -324,7 +328,8 @@ def _solve(attn, measure, u0, t, max_iter, tol, rtol, *, method, krylov, weighte
         measure,
         u0,
         jnp.asarray(t, dtype),
-        max_iter,
+        # Traced: a refinement with the budget left reuses the compiled solve.
+        jnp.asarray(max_iter),
         # Below the dtype's resolution neither test can ever pass.
         jnp.asarray(max(tol, 16 * eps), dtype),
         jnp.asarray(max(rtol, 4 * eps), dtype),

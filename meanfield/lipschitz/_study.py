@@ -242,6 +242,7 @@ class RealModelStudy:
         slopes: least-squares log-log slope per layer (m,).
         wall_s: seconds per `local` call, compilation included, (m, k).
         dtype: dtype of the computation (the model's).
+        masked: each layer was measured with a causal mask (decoder-style).
     """
 
     lengths: np.ndarray
@@ -252,6 +253,7 @@ class RealModelStudy:
     slopes: np.ndarray
     wall_s: np.ndarray
     dtype: str
+    masked: bool = False
 
 
 def real_model_study(
@@ -263,13 +265,17 @@ def real_model_study(
     key: PRNGKeyArray | None = None,
     local_kwargs: dict | None = None,
     progress: bool = True,
+    masked: bool = False,
 ) -> RealModelStudy:
     """Lip of each self-attention layer against the sequence length (Castin et al.).
 
     For every n in `lengths`: one forward pass (`hidden_states`) of the first n
     tokens, then for every layer l the local constant (`local`) of
     `attention_layer(model, l)` at the layer's input, the map X -> attention
-    sublayer output (Castin, Ablin & Peyre, ICML 2024, Fig. 1).
+    sublayer output (Castin, Ablin & Peyre, ICML 2024, Fig. 1). With `masked`,
+    the same layers at the same inputs under a causal mask, token i at position
+    s_i = i / n (each token attends to itself and the tokens before it): the
+    decoder experiment of the same paper (masked self-attention, Thm 4.3).
 
     Args:
         model: a BERT-family encoder (`mf.bert.load`); its dtype is used.
@@ -279,6 +285,7 @@ def real_model_study(
         key: PRNG key of the Lanczos start; None means `jr.key(0)` (as `local`).
         local_kwargs: extra keyword arguments of `local` (method, tol, ...).
         progress: show a tqdm bar (on stderr).
+        masked: measure the causal (decoder) map instead of the encoder's.
 
     Returns:
         A `RealModelStudy`.
@@ -326,9 +333,20 @@ def real_model_study(
     )
     for i, n in enumerate(lengths):
         states = forward(model, jnp.asarray(ids[: int(n)]))
+        positions = (
+            (jnp.arange(1, int(n) + 1) / int(n)).astype(states.dtype)
+            if masked
+            else None
+        )
         for j, l in enumerate(layers):
             start = time.perf_counter()
-            res = local(attns[int(l)], states[int(l)], key=key, **local_kwargs)
+            res = local(
+                attns[int(l)],
+                states[int(l)],
+                positions=positions,
+                key=key,
+                **local_kwargs,
+            )
             values[j, i] = float(res.value)
             wall[j, i] = time.perf_counter() - start
             converged[j, i] = bool(res.converged)
@@ -346,6 +364,7 @@ def real_model_study(
         slopes=slopes,
         wall_s=wall,
         dtype=str(model.word.dtype),
+        masked=bool(masked),
     )
 
 
