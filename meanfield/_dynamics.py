@@ -65,8 +65,15 @@ class Solution(eqx.Module):
         return jnp.isfinite(self.ts)
 
     def measure(self, i: int) -> AbstractParticles:
-        """The measure at `ts[i]`, of the same type as the initial measure."""
-        return eqx.tree_at(lambda m: m.x, self.initial, self.x[i])
+        """The measure at `ts[i]`, of the same type as the initial measure.
+
+        Raises:
+            IndexError: i outside [-T, T) (JAX would clamp it silently).
+        """
+        T = self.x.shape[0]
+        if not -T <= int(i) < T:
+            raise IndexError(f"`i` must be in [-{T}, {T}) (T save times); got {i}.")
+        return eqx.tree_at(lambda m: m.x, self.initial, self.x[int(i)])
 
 
 def save_times(saveat, t0, t1, dtype) -> dfx.SubSaveAt:
@@ -160,10 +167,34 @@ def _check_common(measure, attn, normalization):
         )
     if normalization == "sphere":
         x = measure.x
-        measure = eqx.tree_at(
-            lambda m: m.x, measure, x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-        )
+        norms = jnp.linalg.norm(x, axis=-1, keepdims=True)
+        if not is_traced(x) and bool(jnp.any(norms == 0)):
+            rows = jnp.flatnonzero(norms[:, 0] == 0).tolist()
+            raise ValueError(
+                '`measure` must have no zero token with normalization="sphere" '
+                f"(it has no direction on the sphere); rows {rows[:5]} are zero."
+            )
+        measure = eqx.tree_at(lambda m: m.x, measure, x / norms)
     return measure
+
+
+def _check_times(**times) -> None:
+    for name, value in times.items():
+        if not math.isfinite(float(value)):
+            raise ValueError(f"`{name}` must be a finite time; got {value}.")
+
+
+def _check_start_inside(x, blowup_radius) -> None:
+    # Only an upward crossing of the radius is an event: a start at or beyond
+    # it would run as if nothing happened.
+    if is_traced(x):
+        return
+    start = float(jnp.max(jnp.linalg.norm(x, axis=-1)))
+    if not start < blowup_radius:
+        raise ValueError(
+            f"`blowup_radius` must exceed the initial radius max_i |x_i| = {start:g}; "
+            f"got {blowup_radius}."
+        )
 
 
 def _final_result(dfx_result, event_mask, flags):
@@ -237,14 +268,26 @@ def simulate(
 
     Raises:
         ValueError: bad measure/attention type, unknown solver or normalization,
-            fixed-step solver without dt0, t1 <= t0, non-positive blowup_radius.
+            fixed-step solver without dt0, t0 or t1 not finite, t1 <= t0,
+            blowup_radius not above the initial radius, negative rtol/atol or
+            both 0, a zero token with normalization="sphere".
     """
     measure = _check_common(measure, attn, normalization)
     solver, adaptive = _solver(solver)
+    _check_times(t0=t0, t1=t1)
     if not float(t1) > float(t0):
         raise ValueError(f"`t1` must be greater than `t0`; got t0={t0}, t1={t1}.")
     if not blowup_radius > 0:
         raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
+    _check_start_inside(measure.x, blowup_radius)
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not float(value) >= 0:
+            raise ValueError(f"`{name}` must be >= 0; got {value}.")
+    if adaptive and dt0 is None and not (float(rtol) > 0 or float(atol) > 0):
+        raise ValueError(
+            "`rtol` and `atol` must not both be 0: the adaptive step would shrink "
+            "to nothing."
+        )
     if int(max_steps) < 1:
         raise ValueError(f"`max_steps` must be a positive integer; got {max_steps}.")
     if dt0 is None and not adaptive:
@@ -412,6 +455,7 @@ def layers(
         A `Solution` with T = L + 1 saved states (ts = l h).
     """
     measure = _check_common(measure, attn, normalization)
+    _check_times(t1=t1)
     if int(L) != L or L < 1:
         raise ValueError(f"`L` must be an integer >= 1; got {L!r}.")
     L = int(L)

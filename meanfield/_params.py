@@ -53,7 +53,8 @@ class PiecewiseConstant(eqx.Module):
         # l: nudge up so that t = l*h selects layer l, not l - 1.
         u = u + 64 * jnp.finfo(jnp.result_type(u, float)).eps * num_layers
         idx = jnp.clip(jnp.floor(u).astype(jnp.int32), 0, num_layers - 1)
-        return self.values[idx]
+        # A NaN time has no layer: NaN out, not layer 0 (where int(NaN) lands).
+        return jnp.where(jnp.isnan(u), jnp.nan, self.values[idx])
 
 
 def as_param(value, name: str):

@@ -262,6 +262,8 @@ def test_piecewise_constant_parameters(key):
     vel_t = jax.jit(lambda att, mu, t: att.velocity(mu, t=t))
     for t, factor in [(0.0, 1), (0.99, 1), (1.0, 2), (2.5, 3), (7.0, 3), (-1.0, 1)]:
         np.testing.assert_allclose(vel_t(attn, mu, t), factor * base, **TOL)
+    # A NaN time has no layer: NaN, not layer 0 (where int(NaN) used to land).
+    assert np.all(np.isnan(mf.PiecewiseConstant(Vs, t1=3.0)(np.nan)))
 
 
 def test_callable_parameters(key):

@@ -319,3 +319,41 @@ def test_super_exponential_blowup_is_reported_in_float32(key):
     assert abs(float(t32.blowup_time) - float(t64.blowup_time)) < 2e-3 * float(
         t64.blowup_time
     )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(t1=np.inf), r"`t1` must be a finite time"),
+        (dict(t0=-np.inf), r"`t0` must be a finite time"),
+        (dict(t1=np.nan), r"`t1` must be a finite time"),
+        (dict(rtol=-1e-6), r"`rtol` must be >= 0"),
+        (dict(atol=-1e-6), r"`atol` must be >= 0"),
+        (dict(rtol=0.0, atol=0.0), r"`rtol` and `atol` must not both be 0"),
+        # The initial radius is 5: only an upward crossing would be seen.
+        (dict(blowup_radius=2.0), r"`blowup_radius` must exceed the initial radius"),
+    ],
+)
+def test_simulate_rejects_hostile_arguments(kwargs, match):
+    mu = mf.Particles(np.array([[3.0, 4.0], [0.0, 1.0]]))
+    t1 = kwargs.pop("t1", 1.0)
+    with pytest.raises(ValueError, match=match):
+        mf.simulate(mu, _identity_softmax(2), t1, **kwargs)
+
+
+def test_zero_token_is_rejected_on_the_sphere():
+    mu = mf.Particles(np.array([[1.0, 0.0], [0.0, 0.0], [0.0, 2.0]]))
+    with pytest.raises(ValueError, match=r"no zero token.*rows \[1\]"):
+        mf.simulate(mu, _identity_softmax(2), 1.0, normalization="sphere")
+    with pytest.raises(ValueError, match=r"no zero token"):
+        mf.layers(mu, _identity_softmax(2), 3, normalization="sphere")
+    with pytest.raises(ValueError, match=r"`t1` must be a finite time"):
+        mf.layers(mu, _identity_softmax(2), 3, t1=np.inf)
+
+
+def test_solution_measure_index_out_of_range(key):
+    sol = mf.layers(mf.Particles(_tokens(key, n=3, d=2)), _identity_softmax(2), 4)
+    np.testing.assert_array_equal(sol.measure(-1).x, sol.x[-1])
+    for i in (5, -6, 100):
+        with pytest.raises(IndexError, match=r"`i` must be in \[-5, 5\)"):
+            sol.measure(i)

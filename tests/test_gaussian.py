@@ -340,6 +340,20 @@ def test_particles_follow_the_moment_ode(key):
             ),
             "must be a `Gaussian`",
         ),
+        *[
+            (
+                lambda g, kw=kw: mf.gaussian.simulate(
+                    g, mf.SoftmaxAttention(np.eye(2), A=np.eye(2)), **kw
+                ),
+                match,
+            )
+            for kw, match in (
+                (dict(t1=np.inf), "`t1` must be a finite time"),
+                (dict(t1=1.0, t0=np.nan), "`t0` must be a finite time"),
+                (dict(t1=1.0, rtol=-1.0), "`rtol` must be >= 0"),
+                (dict(t1=1.0, rtol=0.0, atol=0.0), "must not both be 0"),
+            )
+        ],
     ],
 )
 def test_bad_input(call, match):

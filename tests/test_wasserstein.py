@@ -402,6 +402,10 @@ def test_bad_input_errors():
         W.distance(
             mu2, mf.Particles(rng.normal(size=(4, 2))), method="sinkhorn", epsilon=0
         )
+    with pytest.raises(ValueError, match="`max_iter` must be a positive integer"):
+        W.distance(
+            mu2, mf.Particles(rng.normal(size=(4, 2))), method="sinkhorn", max_iter=0
+        )
     with pytest.raises(ValueError, match="`weights` must be nonnegative"):
         mf.Particles(np.zeros((2, 2)), np.array([1.5, -0.5]))
     masked = mf.MaskedParticles(np.zeros((2, 2)), np.array([0.0, 1.0]))

@@ -164,6 +164,8 @@ def distance(
         epsilon = 1e-2 * scale
     elif not float(epsilon) > 0:
         raise ValueError(f"`epsilon` must be > 0; got {epsilon}.")
+    if int(max_iter) != max_iter or max_iter < 1:
+        raise ValueError(f"`max_iter` must be a positive integer; got {max_iter!r}.")
     if blocked is None:
         blocked = max(x.shape[0], y.shape[0]) ** 2 > _ot_sinkhorn.DENSE_MAX_ENTRIES
     value, converged, iterations = _ot_sinkhorn.sinkhorn_divergence(
