@@ -8,7 +8,7 @@ wall time (first call includes compilation), runs per second, the blow-up fracti
 and a correctness check: for V = I the softmax blow-up time is exactly
 1 / lambda_max(A + A^T) (P = Sigma^{-1} = I - t (A + A^T)).
 
-    python benchmarks/gaussian_blowup.py [--batch 10000] [--out benchmarks/results]
+    python benchmarks/gaussian_blowup.py [--batch 10000] [--out DIR]
 """
 
 import argparse
@@ -111,9 +111,18 @@ def plot(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=10_000)
-    parser.add_argument("--dims", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument(
+        "--batch", type=int, default=10_000, help="runs per variant (default 10000)"
+    )
+    parser.add_argument(
+        "--dims", type=int, nargs="+", default=[2, 4, 8], help="d (default 2 4 8)"
+    )
+    parser.add_argument(
+        "--out",
+        default="out/benchmarks",
+        help="output folder (default out/benchmarks; the committed results are "
+        "benchmarks/results)",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -358,7 +358,8 @@ if not SMOKE_TEST:
 # ```bash
 # python benchmarks/nscaling.py --ns 2^10 2^12 2^14 2^16 2^18 2^20 --ds 2 16 64 128 \
 #     --impls jax_blocked jax_dense jax_sdpa keops numpy --max-n numpy=16384 \
-#     --block-size 4096 --max-gib 60 --max-seconds 120 --solve-max-n 2^16
+#     --block-size 4096 --max-gib 60 --max-seconds 120 --solve-max-n 2^16 \
+#     --out benchmarks/results
 # ```
 #
 # writes `benchmarks/results/nscaling_<device_kind>.json`, which section 3 then plots

@@ -24,6 +24,7 @@ def result(floor):
         max_n={"numpy": 64},
         floor=floor,
         progress=False,
+        seed=5,
     )
 
 
@@ -112,6 +113,37 @@ def test_measure_floor(floor):
     assert _bench.floor_seconds(1024, 16, floor) > 0
 
 
+def test_seed_reaches_the_problems(result):
+    assert result["config"]["seed"] == 5
+    x5, x0 = _bench.problem(64, 2, 5)[0], _bench.problem(64, 2, 0)[0]
+    assert not np.allclose(x5, x0)
+    np.testing.assert_array_equal(x5, _bench.problem(64, 2, 5)[0])
+
+
+def test_options_default_to_scratch_and_say_their_defaults(tmp_path, capsys):
+    from meanfield._app import bench_config
+
+    args = bench_config.parse([], "bench")
+    # Never over the committed results unless asked.
+    assert args.out == "out/bench" and args.seed == 0
+    assert bench_config.parse(["--seed", "7"], "bench").seed == 7
+    parser = bench_config.parser("bench")
+    for action in parser._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, action.option_strings
+        if action.dest not in ("quick", "replot", "name", "config"):
+            assert "default" in action.help, action.option_strings
+
+    from meanfield._app.bench_report import main
+
+    for bad in ("0", "-1"):
+        assert main(["--ns", bad, "--out", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "`ns` must be" in err
+    assert list(tmp_path.iterdir()) == []  # rejected before anything is written
+
+
 def test_unknown_impl():
     with pytest.raises(ValueError, match="unknown"):
         _bench.run([64], [2], ("torch",), progress=False)
@@ -129,11 +161,12 @@ def test_bench_command_writes_results_and_rejects_bad_config(tmp_path, capsys):
         "repeats = 1\nsolve_steps = 2\n"
     )
     out = tmp_path / "out"
-    code = main(["bench", "--config", str(good), "--out", str(out), "--no-progress"])
-    assert code == 0
+    argv = ["bench", "--config", str(good), "--out", str(out), "--seed", "3"]
+    assert main([*argv, "--no-progress"]) == 0
     assert (out / "nscaling_cpu.json").exists() and (out / "nscaling_cpu.png").exists()
     manifest = json.loads((out / "nscaling_cpu.json").read_text())["manifest"]
     assert {"config", "seed", "versions", "device", "wall_time_s"} <= set(manifest)
+    assert manifest["seed"] == 3
     # --quick sets defaults only: explicit sizes win.
     argv = ["bench", "--quick", "--ns", "64", "--ds", "2", "--impls", "numpy"]
     assert main([*argv, "--out", str(out), "--name", "q", "--no-progress"]) == 0

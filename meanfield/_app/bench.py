@@ -98,6 +98,7 @@ def run(
     floor: Mapping[str, float] | None = None,
     progress: bool = True,
     on_record: Callable[[dict], None] | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Time one softmax velocity evaluation per (impl, n, d), and a short solve.
 
@@ -127,6 +128,7 @@ def run(
             the start and the end of the run.
         progress: print one line per case to stderr.
         on_record: called with the result so far after each case (e.g. to save).
+        seed: seed of the random problems (combined with n and d, `problem`).
 
     Returns:
         {"environment", "floor" (start, end and the better of the two, used for
@@ -169,6 +171,7 @@ def run(
             max_seconds_per_case=max_seconds_per_case,
             max_bytes=max_bytes,
             block_size=block_size,
+            seed=seed,
             max_n=max_n,
             only_ds={k: list(v) for k, v in only_ds.items()},
             dtype="float32",
@@ -200,6 +203,7 @@ def run(
                                 max_bytes=max_bytes,
                                 steps=solve_steps if impl in SOLVE_IMPLS else 0,
                                 solve_max_n=solve_max_n,
+                                seed=seed,
                             )
                         )
                     except Skip as skip:

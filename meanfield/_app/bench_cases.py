@@ -279,10 +279,10 @@ def _solve(impl, x, A, V, *, steps, block_size, max_bytes, budget) -> dict:
 
 
 def _case(
-    impl, n, d, *, repeats, budget, block_size, max_bytes, steps, solve_max_n
+    impl, n, d, *, repeats, budget, block_size, max_bytes, steps, solve_max_n, seed=0
 ) -> dict:
     """Run one (impl, n, d): timing, memory, correctness and (maybe) the solve."""
-    x, A, V = problem(n, d)
+    x, A, V = problem(n, d, seed)
     prep = _prepare(impl, x, A, V, block_size=block_size, max_bytes=max_bytes)
     rec: dict[str, Any] = dict(
         compile_seconds=prep.compile_seconds,

@@ -82,18 +82,65 @@ def limits(items: list[str] | None, parse: Callable[[str], Any]) -> dict:
 def parser(description: str) -> argparse.ArgumentParser:
     """The parser of `meanfield bench`; schema options default to None (unset)."""
     p = argparse.ArgumentParser(prog="meanfield bench", description=description)
+
+    def default(key: str) -> str:
+        full, quick = SCHEMA[key].default, QUICK.get(key)
+        shown = " ".join(map(str, full)) if isinstance(full, list) else str(full)
+        if quick is None:
+            return f"default: {shown}"
+        quick = " ".join(map(str, quick)) if isinstance(quick, list) else str(quick)
+        return f"default: {shown}; with --quick {quick}"
+
     # None: the --config value, else the full (or --quick) default.
-    p.add_argument("--ns", type=size, nargs="+", default=None)
-    p.add_argument("--ds", type=int, nargs="+", default=None)
-    p.add_argument("--impls", nargs="+", default=None, choices=IMPLS)
-    p.add_argument("--out", default="benchmarks/results", help="directory")
+    p.add_argument(
+        "--ns",
+        type=size,
+        nargs="+",
+        default=None,
+        metavar="N",
+        help=f"numbers of particles, integers >= 1 or 2^k ({default('ns')})",
+    )
+    p.add_argument(
+        "--ds",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="D",
+        help=f"dimensions ({default('ds')})",
+    )
+    p.add_argument(
+        "--impls",
+        nargs="+",
+        default=None,
+        choices=IMPLS,
+        help=f"implementations ({default('impls')})",
+    )
+    p.add_argument(
+        "--out",
+        default="out/bench",
+        metavar="DIR",
+        help="output directory (default: %(default)s; the committed results are "
+        "benchmarks/results, written only when named here)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        metavar="INT",
+        help="seed of the random problems, combined with n and d (default: 0)",
+    )
     p.add_argument(
         "--quick",
         action="store_true",
         help="defaults n = 2^10..2^13, d = 2 16, one repeat, 3-step solve "
         "(explicit --ns, --ds, --repeats, --solve-steps still apply)",
     )
-    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"timed calls per case after a warm-up ({default('repeats')})",
+    )
     p.add_argument(
         "--max-seconds",
         type=float,
@@ -106,22 +153,38 @@ def parser(description: str) -> argparse.ArgumentParser:
         default=None,
         help="memory budget of one evaluation (default 3)",
     )
-    p.add_argument("--block-size", type=int, default=None)
-    p.add_argument("--solve-steps", type=int, default=None)
-    p.add_argument("--solve-max-n", type=size, default=None)
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help=f"keys per block of the blocked kernel ({default('block_size')})",
+    )
+    p.add_argument(
+        "--solve-steps",
+        type=int,
+        default=None,
+        help=f"Euler steps of the timed mf.simulate solve, 0 for none "
+        f"({default('solve_steps')})",
+    )
+    p.add_argument(
+        "--solve-max-n",
+        type=size,
+        default=None,
+        help="largest n of the timed solve (default: any n within the case budget)",
+    )
     p.add_argument(
         "--max-n",
         nargs="*",
         default=["numpy=16384"],
         metavar="IMPL=N",
-        help="largest n per implementation",
+        help="largest n per implementation (default: numpy=16384)",
     )
     p.add_argument(
         "--only-ds",
         nargs="*",
         default=[],
         metavar="IMPL=D,D",
-        help="dimensions per implementation, e.g. keops=2,16",
+        help="dimensions per implementation, e.g. keops=2,16 (default: all)",
     )
     p.add_argument(
         "--replot", default=None, metavar="JSON", help="only redraw a results file"
@@ -136,7 +199,10 @@ def parser(description: str) -> argparse.ArgumentParser:
         help=f"TOML with any of {', '.join(SCHEMA)}; command-line options win",
     )
     p.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="no case lines"
+        "--no-progress",
+        dest="progress",
+        action="store_false",
+        help="no case lines (shown by default)",
     )
     return p
 

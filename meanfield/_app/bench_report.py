@@ -178,7 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def save(result):
         # After every case (atomically): an interrupted run keeps what it measured.
-        manifest = output.describe(vars(args), 0)
+        manifest = output.describe(vars(args), args.seed)
         output.json(f"{name}.json", dict(manifest=manifest, **result))
 
     result = _bench.run(
@@ -197,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ),
         on_record=save,
         progress=args.progress,
+        seed=args.seed,
     )
     save(result)
     output.figure(plot(result), f"{name}.png", dpi=120)
