@@ -1,7 +1,5 @@
 """`python -m meanfield <command>`: same as the `meanfield` command."""
 
-import sys
+from ._app.cli import entry
 
-from ._app.cli import main
-
-sys.exit(main())
+entry()

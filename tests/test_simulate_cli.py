@@ -1,6 +1,13 @@
 """`meanfield simulate`: configuration, outputs, checkpoints and --resume."""
 
 import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,3 +168,118 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(tmp_path, capsys, text,
     assert len(err) == 1 and err[0].startswith("meanfield simulate: error:")
     assert key in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_directory_in_use_exits_2_naming_it(tmp_path, capsys):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / ".meanfield.lock").write_text(f"{os.getppid()}\n")  # a live process
+    config = tmp_path / "run.toml"
+    config.write_text(RD)
+    assert main(["simulate", "--config", str(config), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{str(out)!r} is in use by another run" in err[0]
+    assert sorted(p.name for p in out.iterdir()) == [".meanfield.lock"]
+
+
+def test_truncated_checkpoint_and_missing_ffmpeg_exit_2_before_the_run(
+    tmp_path, capsys, monkeypatch
+):
+    config = tmp_path / "run.toml"
+    config.write_text(RD)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / _segments.CHECKPOINT).write_bytes(b"PK\x03\x04 truncated")
+    args = ["simulate", "--config", str(config), "--out", str(out), "--resume"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot read checkpoint" in err[0]
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    config.write_text(RD.replace('animation = "none"', 'animation = "mp4"'))
+    assert (
+        main(["simulate", "--config", str(config), "--out", str(tmp_path / "m")]) == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs ffmpeg" in err[0]
+    assert not (tmp_path / "m").exists()
+
+
+def test_interrupt_in_the_first_segment_says_there_is_no_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_segments, "simulate", interrupted)
+    code, out = _run(tmp_path, "first", RD)
+    assert code == 130
+    err = capsys.readouterr().err
+    assert "no segment had finished" in err and "--resume" not in err
+    assert not (out / _segments.CHECKPOINT).exists()
+    assert not (out / ".meanfield.lock").exists()  # released
+
+
+def test_fresh_run_replaces_an_older_run_and_resume_says_when_it_starts_afresh(
+    tmp_path, capsys
+):
+    out = tmp_path / "again"
+    out.mkdir()
+    (out / "stale.png").write_text("old figure")
+    (out / "manifest.json").write_text(json.dumps({"files": ["stale.png"]}))
+    config = tmp_path / "again.toml"
+    config.write_text(RD)
+    # --resume without a checkpoint: a word, then a fresh run.
+    argv = ["simulate", "--config", str(config), "--out", str(out), "--resume"]
+    assert main(argv) == 0
+    assert "starting from the beginning" in capsys.readouterr().err
+    assert not (out / "stale.png").exists()
+    files = json.loads((out / "manifest.json").read_text())["files"]
+    assert {"trajectory.npz", "trajectories.png", "clusters.png"} <= set(files)
+    assert all((out / name).exists() for name in files)
+
+
+def _interrupt(tmp_path, delay, n=1000):
+    """Run the real executable; SIGINT `delay` s after its first segment starts."""
+    config = tmp_path / "big.toml"
+    config.write_text(
+        f'n = {n}\nd = 3\nt1 = 50.0\nsaves = 11\nsegments = 10\nanimation = "none"\n'
+    )
+    out = tmp_path / f"out{delay}"
+    exe = Path(sys.executable).with_name("meanfield")
+    proc = subprocess.Popen(
+        [str(exe), "simulate", "--config", str(config), "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # A default SIGINT disposition even where the test runner ignores it.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    seen = ""
+    while "simulate:" not in seen:  # the segments' bar: the first solve starts
+        char = proc.stderr.read(1)
+        assert char, f"exited early: {seen}"
+        seen += char
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err, out
+
+
+def test_ctrl_c_of_the_command_exits_130_with_a_true_message(tmp_path):
+    # Interrupted as its first segment starts: it used to say that a checkpoint
+    # existed.
+    code, err, out = _interrupt(tmp_path, 0.0)
+    assert code == 130, (code, err)
+    assert "meanfield simulate: interrupted; no segment had finished" in err
+    assert not (out / ".meanfield.lock").exists()
+
+
+# Second tier: three interrupts (about 25 s).
+@pytest.mark.slow
+def test_ctrl_c_while_xla_runs_does_not_crash(tmp_path):
+    # Interrupted while XLA's threads ran the first solve, the interpreter's
+    # teardown crashed (SIGSEGV, exit 139; seen at 7 s with n = 2000).
+    for delay in (3.0, 5.0, 7.0):
+        code, err, _ = _interrupt(tmp_path, delay, n=2000)
+        assert code == 130, (delay, code, err)
+        assert "meanfield simulate: interrupted" in err

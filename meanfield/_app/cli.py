@@ -9,8 +9,10 @@ command runs, so `meanfield --help` and `meanfield <command> --help` import no J
 """
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -171,11 +173,12 @@ def _run_simulate(args: argparse.Namespace) -> int:
     try:
         return REPORT.main(args, resume=args.resume)
     except KeyboardInterrupt:
-        print(
-            f"meanfield simulate: interrupted; the last checkpoint is in {args.out}/"
-            f"{CHECKPOINT}: rerun with --resume to continue",
-            file=sys.stderr,
-        )
+        checkpoint = Path(args.out) / CHECKPOINT
+        if checkpoint.exists():
+            hint = f"the last checkpoint is {checkpoint}: rerun with --resume"
+        else:
+            hint = "no segment had finished, so there is no checkpoint to resume"
+        print(f"meanfield simulate: interrupted; {hint}", file=sys.stderr, flush=True)
         return 130
 
 
@@ -289,5 +292,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return args.func(args)
 
 
+def entry() -> None:
+    """The `meanfield` executable: `main`, and a clean exit after Ctrl-C.
+
+    An interrupt can land while XLA's threads are still running a computation;
+    tearing the interpreter down under them crashed the process (SIGSEGV, exit
+    139) after the message was printed. After an interrupt the process therefore
+    ends at once with exit status 130, its output flushed.
+    """
+    try:
+        code = main()
+    except KeyboardInterrupt:  # before a command could handle it (imports)
+        print("meanfield: interrupted", file=sys.stderr)
+        code = 130
+    if code == 130:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -19,6 +19,7 @@ atomically (`meanfield._io`). Imports neither JAX nor matplotlib.
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -32,6 +33,25 @@ from .. import _io
 from .config import load_toml
 from .manifest import manifest, write_manifest
 
+#: The lock file of a directory a run is writing into (holds the run's pid).
+LOCK = ".meanfield.lock"
+#: The manifest of a finished run; it lists the files the run wrote.
+MANIFEST = "manifest.json"
+
+
+class DirectoryInUse(ValueError):
+    """Another live run holds the output directory's lock."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
 
 class Output:
     """Where a run writes: its directory, its progress log and its clock.
@@ -39,13 +59,86 @@ class Output:
     Args:
         out_dir: the output directory, created (with its parents) if needed.
         progress: print `log` messages to stderr.
+
+    Raises:
+        ValueError: the directory cannot be created or written (one line).
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, progress: bool = False):
         self.dir = Path(out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ValueError(
+                f"cannot create the output directory {str(self.dir)!r}: "
+                f"{err.strerror or err}"
+            ) from err
+        if not os.access(self.dir, os.W_OK | os.X_OK):
+            raise ValueError(f"the output directory {str(self.dir)!r} is not writable")
         self.progress = progress
+        self.written: list[str] = []
         self._start = time.perf_counter()
+
+    def lock(self) -> None:
+        """Take the directory for this run: two runs never mix their outputs.
+
+        A lock left by a run that no longer exists (killed) is taken over.
+
+        Raises:
+            DirectoryInUse: a live process holds it.
+        """
+        path = self.dir / LOCK
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                try:
+                    pid = int(path.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and pid != os.getpid() and _alive(pid):
+                    raise DirectoryInUse(
+                        f"the output directory {str(self.dir)!r} is in use by "
+                        f"another run (pid {pid}); use another --out"
+                    ) from None
+                path.unlink(missing_ok=True)  # stale: its run is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            return
+        raise DirectoryInUse(f"cannot lock the output directory {str(self.dir)!r}")
+
+    def unlock(self) -> None:
+        """Release `lock` (if this process holds it)."""
+        path = self.dir / LOCK
+        try:
+            if int(path.read_text().strip() or 0) == os.getpid():
+                path.unlink()
+        except (OSError, ValueError):
+            pass
+
+    def clear_previous(self, keep: tuple[str, ...] = ()) -> None:
+        """Remove a previous run's outputs, its manifest first.
+
+        A run killed after this leaves only its own files and no manifest, never
+        a manifest beside another run's arrays. The files are those the old
+        manifest lists (`files`), so unrelated files in the directory stay.
+
+        Args:
+            keep: file names to leave (a checkpoint to resume from).
+        """
+        path = self.dir / MANIFEST
+        try:
+            listed = json.loads(path.read_text()).get("files", [])
+        except (OSError, ValueError, AttributeError):
+            listed = []
+        path.unlink(missing_ok=True)
+        for name in listed:
+            if isinstance(name, str) and name not in keep and "/" not in name:
+                (self.dir / name).unlink(missing_ok=True)
+        # Temporary files of a writer that was killed (`_io.atomic_path`).
+        for tmp in self.dir.glob(".*.tmp-*"):
+            tmp.unlink(missing_ok=True)
 
     @property
     def wall_s(self) -> float:
@@ -71,18 +164,22 @@ class Output:
         """
         path = self.dir / name
         _io.save_figure(fig, path, dpi=dpi, **kw)
+        self.written.append(name)
         return path
 
     def arrays(self, name: str, **arrays: Any) -> Path:
         """Save arrays atomically as the uncompressed archive `name` (`.npz`)."""
         path = self.dir / name
         _io.save_npz_atomic(path, **arrays)
+        self.written.append(name)
         return path
 
     def json(self, name: str, data: dict) -> Path:
         """Write `data` atomically as strict JSON (arrays as lists, inf as "inf")."""
         path = self.dir / name
         write_manifest(path, data)
+        if name not in self.written:
+            self.written.append(name)
         return path
 
     def describe(self, config: dict, seed: int | None) -> dict[str, Any]:
@@ -95,9 +192,9 @@ class Output:
         seed: int | None,
         summary: dict | None = None,
         *,
-        name: str = "manifest.json",
+        name: str = MANIFEST,
     ) -> dict[str, Any]:
-        """Write the manifest (`describe` plus the summary) as `name`.
+        """Write the manifest (`describe`, the summary, the files written) as `name`.
 
         Returns:
             The manifest written.
@@ -105,6 +202,7 @@ class Output:
         man = self.describe(config, seed)
         if summary is not None:
             man["summary"] = summary
+        man["files"] = [f for f in self.written if f != name]
         self.json(name, man)
         return man
 
@@ -142,6 +240,8 @@ class Report:
         check: `(config, args) -> None`, further validation on the command line
             (installed extras, a checkpoint to resume); ValueError.
         wall_in_summary: also record the wall time as the summary's `wall_time_s`.
+        keep: files of a previous run that a new one must not remove
+            (simulate's checkpoint).
     """
 
     name: str
@@ -152,6 +252,7 @@ class Report:
     arrays: str
     check: Callable[[dict, argparse.Namespace], None] | None = None
     wall_in_summary: bool = False
+    keep: tuple[str, ...] = ()
 
     def run(
         self,
@@ -175,14 +276,21 @@ class Report:
             The summary.
         """
         output = Output(out_dir, progress=progress)
-        result = self.compute(config, output, seed=seed, **options)
-        if result.arrays:
-            output.arrays(self.arrays, **result.arrays)
-        output.log("drawing figures")
-        self.figures(config, result, output)
-        if self.wall_in_summary:
-            result.summary["wall_time_s"] = output.wall_s
-        output.manifest(result.config, seed, result.summary)
+        output.lock()
+        try:
+            # The previous run's files go before any of this run's is written;
+            # the checkpoint stays (a resumed run reads it, a fresh one replaces it).
+            output.clear_previous(keep=self.keep)
+            result = self.compute(config, output, seed=seed, **options)
+            if result.arrays:
+                output.arrays(self.arrays, **result.arrays)
+            output.log("drawing figures")
+            self.figures(config, result, output)
+            if self.wall_in_summary:
+                result.summary["wall_time_s"] = output.wall_s
+            output.manifest(result.config, seed, result.summary)
+        finally:
+            output.unlock()
         return result.summary
 
     def main(self, args: argparse.Namespace, **options: Any) -> int:
@@ -205,13 +313,19 @@ class Report:
             config = self.resolve(raw)
             if self.check is not None:
                 self.check(config, args)
+            Output(args.out)  # creatable and writable, before the run
         except ValueError as err:
             return fail(self.name, err)
         use_agg()
         start = time.perf_counter()
-        summary = self.run(
-            config, args.out, seed=args.seed, progress=args.progress, **options
-        )
+        try:
+            summary = self.run(
+                config, args.out, seed=args.seed, progress=args.progress, **options
+            )
+        except DirectoryInUse as err:
+            return fail(self.name, err)
+        except OSError as err:  # full disk, directory removed mid-run
+            return fail(self.name, f"cannot write to {args.out!r}: {err}")
         print(self.summarize(summary))
         print(f"wrote {args.out}/ in {time.perf_counter() - start:.1f} s")
         return 0

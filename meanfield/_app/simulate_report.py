@@ -12,6 +12,7 @@ Run it with `meanfield simulate [--config FILE.toml] [--resume]`.
 
 import argparse
 import math
+import shutil
 from pathlib import Path
 
 import equinox as eqx
@@ -24,7 +25,7 @@ from .. import clustering, plotting
 from .._dynamics import Solution
 from .report import Output, Report, Result
 from .simulate_config import as_matrix, resolve_config
-from .simulate_segments import check_resume, run_segments
+from .simulate_segments import CHECKPOINT, check_resume, run_segments
 
 
 def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
@@ -115,7 +116,9 @@ def _figures(cfg: dict, result: Result, output: Output) -> None:
     if not on_sphere:
         output.figure(plotting.plot_radius(sol), "radius.png", dpi=120)
     if cfg["animation"] != "none":
-        path = output.dir / f"tokens.{cfg['animation']}"
+        name = f"tokens.{cfg['animation']}"
+        path = output.dir / name
+        output.written.append(name)
         if on_sphere:
             plotting.animate(sol, path, progress=output.progress)
         else:
@@ -130,6 +133,8 @@ def _compute(
     if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
         jax.config.update("jax_enable_x64", True)
     ckpt = check_resume(cfg, output.dir, seed) if resume else None
+    if resume and ckpt is None:
+        output.log(f"no {CHECKPOINT} in {output.dir}/: starting from the beginning")
     sol = run_segments(
         cfg, output.dir, seed, resume_from=ckpt, progress=output.progress
     )
@@ -187,6 +192,12 @@ def _check(cfg: dict, args: argparse.Namespace) -> None:
     # A checkpoint of another run in --out is a configuration error.
     if args.resume:
         check_resume(cfg, args.out, args.seed)
+    # Found now, not after the whole run: an MP4 needs ffmpeg.
+    if cfg["animation"] == "mp4" and shutil.which("ffmpeg") is None:
+        raise ValueError(
+            '`animation = "mp4"` needs ffmpeg, which is not installed; use "gif" '
+            'or "none".'
+        )
 
 
 def format_summary(summary: dict) -> str:
@@ -237,4 +248,5 @@ REPORT = Report(
     arrays="trajectory.npz",
     check=_check,
     wall_in_summary=True,
+    keep=(CHECKPOINT,),
 )

@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import sys
+import zipfile
 from pathlib import Path
 
 import equinox as eqx
@@ -101,7 +102,8 @@ class _Checkpoint:
 
     @classmethod
     def load(cls, path: Path) -> "_Checkpoint":
-        with np.load(path) as data:
+        # Our own handle: np.load leaks its file when the archive is corrupt.
+        with open(path, "rb") as f, np.load(f) as data:
             return cls(
                 int(data["segment"]),
                 data["ts"],
@@ -137,8 +139,10 @@ def check_resume(cfg: dict, out: str | Path, seed: int) -> "_Checkpoint | None":
         return None
     try:
         ckpt = _Checkpoint.load(path)
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(f"cannot read checkpoint {str(path)!r}: {err}") from err
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise ValueError(
+            f"cannot read checkpoint {str(path)!r} ({err}); remove it to start afresh"
+        ) from err
     saved = json.loads(ckpt.config_json)
     if saved != json.loads(_config_json(cfg, seed)):
         diff = sorted(
