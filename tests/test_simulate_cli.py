@@ -246,13 +246,21 @@ def _interrupt(tmp_path, delay, n=1000):
     )
     out = tmp_path / f"out{delay}"
     exe = Path(sys.executable).with_name("meanfield")
+    # The installed `meanfield` script, with Python's own Ctrl-C handler even
+    # where the test runner was started with SIGINT ignored (which children
+    # inherit).
+    start = (
+        "import runpy, signal, sys; "
+        "signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = [{str(exe)!r}, *sys.argv[1:]]; "
+        f"runpy.run_path({str(exe)!r}, run_name='__main__')"
+    )
+    argv = ["simulate", "--config", str(config), "--out", str(out)]
     proc = subprocess.Popen(
-        [str(exe), "simulate", "--config", str(config), "--out", str(out)],
+        [sys.executable, "-c", start, *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        # A default SIGINT disposition even where the test runner ignores it.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     seen = ""
     while "simulate:" not in seen:  # the segments' bar: the first solve starts
