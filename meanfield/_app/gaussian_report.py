@@ -2,7 +2,7 @@
 
 Castin, Ablin, Carrillo & Peyre, "A Unified Perspective on the Dynamics of Deep
 Transformers" (2025): on a Gaussian N(alpha, Sigma) softmax, L2 and Sinkhorn
-attention are affine fields, so mu(t) stays Gaussian (MATH.md section 3). From
+attention are affine fields, so mu(t) stays Gaussian (docs/math.md §3). From
 the same initial Gaussian, softmax can blow up in finite time (when
 M = V A + A^T V^T has a positive direction), while L2 with K of full column rank
 and Sinkhorn exist for all time. A phase diagram maps the softmax blow-up time
@@ -140,7 +140,7 @@ def phase_family(s, r) -> np.ndarray:
 
     M = A + A^T = [[2s, c], [c, 2r]] is negative semidefinite iff s, r <= 0 and
     4 s r >= c^2: there (V = I) softmax attention has no blow-up; elsewhere
-    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}) (MATH.md section 3).
+    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}) (docs/math.md §3).
     """
     s, r = np.broadcast_arrays(np.asarray(s, float), np.asarray(r, float))
     A = np.zeros(s.shape + (2, 2))
@@ -152,7 +152,7 @@ def _draw_global_boundary(ax, s, r) -> None:
     """Dashed boundary of {M = A + A^T <= 0}: no blow-up for any Sigma0 when V = I.
 
     With V = I, Sigma' = Sigma M Sigma, so M negative semidefinite keeps Sigma
-    bounded; for A(s, r) this is s, r <= 0 and 4 s r >= c^2 (MATH.md section 3).
+    bounded; for A(s, r) this is s, r <= 0 and 4 s r >= c^2 (docs/math.md §3).
     Cells outside it that are grey blow up after t_max.
     """
     fs, fr = np.linspace(s[0], s[-1], 400), np.linspace(r[0], r[-1], 400)
@@ -190,7 +190,7 @@ def run_gaussian(
     """Compare softmax, L2 and Sinkhorn attention on one Gaussian; draw figures.
 
     From N(mean, cov), solves the moment ODE (Castin, Ablin, Carrillo & Peyre,
-    2025; MATH.md section 3) to t1 with saveat = linspace(0, t1, 121) for softmax
+    2025; docs/math.md §3) to t1 with saveat = linspace(0, t1, 121) for softmax
     (A = K^T Q), L2 (Q, K) and Sinkhorn (kernel "dot", A = K^T Q), all with the
     value matrix V; then maps the softmax blow-up time over
     A(s, r) = [[s, 1/2], [0, r]] (`phase_family`) with `mf.gaussian.blowup_times`.

@@ -217,7 +217,7 @@ class AbstractAttention(eqx.Module):
     def gaussian_field(
         self, mean: Float[Array, " d"], cov: Float[Array, "d d"], t
     ) -> tuple[Float[Array, "d d"], Float[Array, " d"]] | None:
-        """(B, b) with Gamma_mu(x) = B x + b on mu = N(mean, cov) (MATH.md s. 3).
+        """(B, b) with Gamma_mu(x) = B x + b on mu = N(mean, cov) (docs/math.md §3).
 
         Args:
             mean: alpha, shape (d,).

@@ -71,7 +71,7 @@ class L2Attention(AbstractKernelAttention):
     def gaussian_field(self, mean, cov, t):
         """B = 2 V D Sigma A, b = V D alpha with D = (I + 2 Sigma K^T K)^{-1}.
 
-        The tilted Gaussian has precision Sigma^{-1} + 2 K^T K (MATH.md s. 3).
+        The tilted Gaussian has precision Sigma^{-1} + 2 K^T K (docs/math.md §3).
         """
         d = mean.shape[0]
         V = param_at(self.V, t, "V", (d, d))

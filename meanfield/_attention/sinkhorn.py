@@ -102,7 +102,7 @@ def _step(block):
 def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:
     """S^T Sigma^{-1} for the entropic self-coupling of N(., Sigma), cost -<A x, y>.
 
-    Stable form of MATH.md s. 3: S^T Sigma^{-1} = Sigma^{1/2} X Sigma^{1/2} A with
+    Stable form of docs/math.md §3: S^T Sigma^{-1} = Sigma^{1/2} X Sigma^{1/2} A with
     X = 2 (I + (I + 4 G)^{1/2})^{-1} and G = Sigma^{1/2} A Sigma A^T Sigma^{1/2}
     (symmetric PSD): one eigendecomposition of G, no inverse of A or Sigma.
     """
@@ -286,7 +286,7 @@ class SinkhornAttention(AbstractAttention):
         return vel, ok
 
     def gaussian_field(self, mean, cov, t):
-        """B = V S^T Sigma^{-1}, b = V alpha - B alpha (Sander et al.; MATH.md s. 3).
+        """B = V S^T Sigma^{-1}, b = V alpha - B alpha (Sander et al.; docs/math.md §3).
 
         S is the cross-covariance of the entropic self-coupling of N(alpha, Sigma)
         (`sinkhorn_gain`); kernel "l2" has the limit of "dot" with A -> 2 K^T Q.

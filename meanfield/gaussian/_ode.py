@@ -1,7 +1,7 @@
 """Moment ODE of a Gaussian under attention dynamics, closed forms and blow-up.
 
 On mu = N(alpha, Sigma) the field is affine, Gamma(x) = B x + b, so mu(t) stays
-Gaussian with alpha' = B alpha + b and Sigma' = B Sigma + Sigma B^T (MATH.md s. 3).
+Gaussian with alpha' = B alpha + b and Sigma' = B Sigma + Sigma B^T (docs/math.md §3).
 """
 
 import math
@@ -65,7 +65,7 @@ def _value_rate(attn, t, d):
     """Growth rate r(t) of a blow-up-free run: |Sigma(t)| <= |Sigma0| e^{2 int r}.
 
     Per head, `covariance_growth_rate` where the family gives one (L2 with K of full
-    column rank: r = |V| |Q| / s_min(K), MATH.md section 3), else |V|_2: Sinkhorn
+    column rank: r = |V| |Q| / s_min(K), docs/math.md §3), else |V|_2: Sinkhorn
     has r = |V|_2 (|S| <= |Sigma|); softmax has no such bound (B = V Sigma A grows
     with Sigma) and |V|_2 is the reference rate. Multi-head: sum of |W_h| r_h.
     """
@@ -163,7 +163,7 @@ def simulate(
     when the extrapolated singularity below is within 1000 such steps, else as
     "failed" (a run too stiff for the dtype). Near a blow-up at t*,
     lambda_max ~ c (t* - t)^{-p} (p = 1 for softmax, p = 2 for the rank-deficient
-    L2 example of MATH.md); p and t* - t are estimated from lambda, lambda',
+    L2 example of docs/math.md); p and t* - t are estimated from lambda, lambda',
     lambda'' at that point (`_time_to_singularity`) and `blowup_time` is the
     extrapolated t*.
 
@@ -309,7 +309,7 @@ def _closed_form_parts(gauss, attn):
     if not (_commutes(V, M, scale) and _commutes(V, S0, scale)):
         raise ValueError(
             "the closed form needs V to commute with M = V A + A^T V^T and with "
-            "Sigma0 (MATH.md section 3); use `mf.gaussian.simulate`."
+            "Sigma0 (docs/math.md §3); use `mf.gaussian.simulate`."
         )
     return V, A, M, S0
 
@@ -317,7 +317,7 @@ def _closed_form_parts(gauss, attn):
 def blowup_time(gauss: Gaussian, attn: AbstractAttention) -> float:
     """Analytic blow-up time of softmax attention in the closed-form case.
 
-    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}), M = V A + A^T V^T (MATH.md
+    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}), M = V A + A^T V^T (docs/math.md
     section 3), or +inf if that eigenvalue is <= 0 (global solution).
 
     Raises:
@@ -343,7 +343,7 @@ class ClosedForm(eqx.Module):
 
 
 def closed_form(gauss: Gaussian, attn: AbstractAttention, ts: ArrayLike) -> ClosedForm:
-    """Exact alpha(t), Sigma(t) for softmax with constant A, V (MATH.md section 3).
+    """Exact alpha(t), Sigma(t) for softmax with constant A, V (docs/math.md §3).
 
     When V commutes with M = V A + A^T V^T and with Sigma0:
     Sigma(t) = (Sigma0^{-1} - t M)^{-1} (P = Sigma^{-1} solves P' = -M). If V, A and

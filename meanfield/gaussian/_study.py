@@ -80,7 +80,7 @@ def blowup_times(
     & Peyre (2025), section on Gaussian blow-up, for any number of parameter sets.
 
     The limiting covariance of a run that converges loses rank (clustering): its
-    eigenvalues in directions where the dynamics contract decay like 1/t (MATH.md
+    eigenvalues in directions where the dynamics contract decay like 1/t (docs/math.md
     section 3), so the numerical rank at t_max is counted relative to rank_rtol;
     choose t_max >> 1 / (rank_rtol * |lambda(M)|).
 

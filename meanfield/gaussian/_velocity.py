@@ -1,4 +1,4 @@
-"""Attention on a Gaussian is affine: Gamma(x) = B x + b (MATH.md section 3).
+"""Attention on a Gaussian is affine: Gamma(x) = B x + b (docs/math.md §3).
 
 Tilting N(alpha, Sigma) by a kernel that is Gaussian in y gives another Gaussian, so
 softmax, L2 and Sinkhorn attention map a Gaussian measure to an affine velocity
@@ -57,7 +57,7 @@ def velocity(
 ) -> tuple[Float[Array, "d d"], Float[Array, " d"]]:
     """The affine velocity field Gamma(x) = B x + b of `attn` on N(mean, cov).
 
-    Formulas (MATH.md section 3; Castin et al., 2025):
+    Formulas (docs/math.md §3; Castin et al., 2025):
     softmax B = V Sigma A, b = V alpha; L2 (Kim et al.) B = 2 V D Sigma A,
     b = V D alpha with D = (I + 2 Sigma K^T K)^{-1}; Sinkhorn (Sander et al.)
     B = V S^T Sigma^{-1}, b = V alpha - B alpha with S the cross-covariance of the

@@ -2,7 +2,7 @@
 
 f(X)_i = Gamma_X(x_i) on (R^d)^n, Lip_X(f) = |D_X f|_2 = sigma_max(J), by power
 iteration on J^T J with one `jax.jvp` and one `jax.vjp` (a linear transpose of the
-linearisation) per step: J is never formed. MATH.md s. 5.
+linearisation) per step: J is never formed. docs/math.md §6.
 """
 
 import functools
@@ -207,7 +207,7 @@ def local(
 
     Iterations on J^T J with `jax.linearize` + `linear_transpose` (one JVP and one
     VJP per product; J is never formed, memory is that of one linearised
-    evaluation). method="power": u <- J^T J u / |J^T J u| (MATH.md s. 5).
+    evaluation). method="power": u <- J^T J u / |J^T J u| (docs/math.md §6).
     method="lanczos" (default): the same products accelerated in their Krylov space,
     `krylov` per cycle with full reorthogonalisation, restarted from the top Ritz
     vector. At adversarial inputs the top singular values nearly coincide and power
@@ -433,7 +433,7 @@ def _single_softmax(attn, name: str) -> SoftmaxAttention:
 
 
 def adversarial(attn: AbstractAttention, n: int, R: float, *, t=0.0):
-    """The (n, d) configuration of Castin et al., Prop. 3.4 (MATH.md s. 5).
+    """The (n, d) configuration of Castin et al., Prop. 3.4 (docs/math.md §6).
 
     For a unit u with lambda = <A u, u>: lambda < 0 gives X = (R u, -R u, ..., -R u)
     with gamma = |lambda|; lambda > 0 gives X = (R u, R u/2, ..., R u/2), gamma =

@@ -54,7 +54,7 @@ def plot_covariance_ellipses(
 ) -> Figure:
     """1-sigma ellipses of N(alpha(t), Sigma(t)) in d = 2, one panel per variant.
 
-    The Gaussian moment ODE of Castin, Ablin, Carrillo & Peyre (2025) (MATH.md
+    The Gaussian moment ODE of Castin, Ablin, Carrillo & Peyre (2025) (docs/math.md
     section 3) keeps a Gaussian Gaussian; each panel draws the ellipse
     {alpha(t) + Sigma(t)^{1/2} u : |u| = 1} at `n_ellipses` save times evenly
     spread over the shown range, coloured by time (one colorbar per panel: the
@@ -172,7 +172,7 @@ def plot_covariance_eigenvalues(
     line marks each finite blow-up time t*. Softmax attention on a Gaussian
     blows up like lambda_max ~ 1/(t* - t) when M = V A + A^T V^T has a positive
     direction; L2 (with K of full column rank) and Sinkhorn grow at most
-    exponentially (Castin, Ablin, Carrillo & Peyre, 2025; MATH.md section 3).
+    exponentially (Castin, Ablin, Carrillo & Peyre, 2025; docs/math.md §3).
     Non-positive eigenvalues (rounding after a rank collapse) are not drawn.
 
     Args:
@@ -240,7 +240,7 @@ def plot_blowup_phase_diagram(
     For softmax attention on a Gaussian the covariance blows up in finite time
     iff M = V A + A^T V^T has a positive direction (closed form
     t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}) when V commutes with M and
-    Sigma0; Castin, Ablin, Carrillo & Peyre, 2025; MATH.md section 3). Cells are
+    Sigma0; Castin, Ablin, Carrillo & Peyre, 2025; docs/math.md §3). Cells are
     coloured by t* (log scale when t* spans more than a decade); cells without
     blow-up on [0, t_max] (t* = +inf) are light grey, as the colorbar label and
     the legend say; NaN cells (failed solves) are blue.

@@ -2,7 +2,7 @@
 
 - `distance`: W_p between weighted particle measures, exact (POT's network simplex)
   or entropic (debiased Sinkhorn divergence, `_ot_sinkhorn`).
-- `gaussian_w2`: the Bures closed form (MATH.md s. 4) in a cancellation-free form.
+- `gaussian_w2`: the Bures closed form (docs/math.md §5) in a cancellation-free form.
 - `conditional`: the conditional distance of masked measures (Castin et al., 2025,
   Def. 4.1): mass moves only between equal positions s.
 """

@@ -1,6 +1,6 @@
 r"""Stability of the Transformer PDE in W_p: measured ratio against a Gronwall bound.
 
-Derivation (Geshkovski et al., 2023, mean-field Lipschitz constant; MATH.md s. 4).
+Derivation (Geshkovski et al., 2023, mean-field Lipschitz constant; docs/math.md §5).
 Write a row-normalised kernel as k(x, y) = e^{phi(x, y)} and
 Gamma_mu(x) = int k(x, y) V y dmu(y) / int k(x, y) dmu(y). On the ball B_R:
 
@@ -20,7 +20,7 @@ L^p cost; then d/dt |X - Y| <= L_x |X - Y| + L_mu W_1(mu_t, nu_t)
 W_p(mu_t, nu_t) <= D(t) <= exp(int_0^t L(R(s)) ds) D(0),
 L = L_x + L_mu <= |V| (1 + (c_x + 2 c_y) R^2) e^{c_o R^2}:
 
-- softmax, phi = <A x, y>: c_x = c_y = |A|, c_o = 2 |A| -> MATH.md's
+- softmax, phi = <A x, y>: c_x = c_y = |A|, c_o = 2 |A| -> docs/math.md §5's
   L(R) = |V| (1 + 3 |A| R^2) e^{2 |A| R^2};
 - L2, phi = 2 <Q x, K y> - |K y|^2 (the x-only term cancels): with a = 2 |K^T Q|,
   k = |K|: c_x = a, c_y = a + 2 k^2, c_o = 2 a + k^2;
