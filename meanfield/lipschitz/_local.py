@@ -91,11 +91,10 @@ def _iterate(gram, apply, sw, step, u0, products, max_iter, tol, rtol):
     Every iterate's true residual |M^T M u - rho u| / rho is computed from one
     product (which the next step reuses as its g), so the loop stops on, and
     `converged` reports, the residual of the returned vector: never an estimate
-    from a recurrence. Stops at residual <= tol, a stall (|Delta rho| <= rtol
-    rho and a residual that no longer falls: rounding keeps it above tol,
-    `converged` False) or when
-    the next step would pass `max_iter` products (`products` per step, + 1 for
-    the residual).
+    from a recurrence. Stops at residual <= tol, at a stall (|Delta rho| <= rtol
+    rho and a residual that no longer falls: rounding keeps it above tol;
+    `converged` False), or when the next step would pass `max_iter` products
+    (`products` per step, + 1 for the residual).
     """
     u0 = u0 / jnp.linalg.norm(u0)
     g0 = gram(u0)
@@ -246,7 +245,8 @@ def local(
         key: PRNG key of the random start; None means `jr.key(0)`.
         t: time at which time-dependent parameters are evaluated.
         method: "lanczos" or "power".
-        max_iter: budget of J^T J products (`converged` False when it runs out).
+        max_iter: budget of J^T J products (`converged` False when it runs out;
+            a Lanczos cycle needs krylov of them after the first).
         tol: residual tolerance, relative to rho (raised to 16 ulps of the dtype).
         rtol: stall tolerance on rho (raised to 4 ulps of the dtype).
         krylov: Lanczos products per cycle (>= 2; memory: krylov + 1 copies of x).
@@ -321,6 +321,7 @@ def local(
 
 
 def _solve(attn, measure, u0, t, max_iter, tol, rtol, *, method, krylov, weighted):
+    """One solve in the measure's dtype (tolerances floored at its resolution)."""
     dtype = measure.x.dtype
     eps = float(jnp.finfo(dtype).eps)
     args = (
