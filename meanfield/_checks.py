@@ -5,6 +5,8 @@ Static misuse (shapes, options) is always a ValueError at trace time. Value chec
 runtime errors (`eqx.error_if`) when the inputs are traced under jit/vmap/grad.
 """
 
+import math
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -68,4 +70,23 @@ def check_shape(arr: jax.Array, shape: tuple, name: str, meaning: str) -> None:
         raise ValueError(
             f"`{name}` must have shape {meaning} = {format_shape(shape)}; "
             f"got shape {arr.shape}."
+        )
+
+
+def check_finite_times(**times) -> None:
+    """ValueError unless every time (a number) is finite: `t1=inf` has no solve."""
+    for name, value in times.items():
+        if not math.isfinite(float(value)):
+            raise ValueError(f"`{name}` must be a finite time; got {value}.")
+
+
+def check_tolerances(rtol, atol) -> None:
+    """ValueError unless rtol, atol >= 0 and not both 0 (the step would vanish)."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not float(value) >= 0:
+            raise ValueError(f"`{name}` must be >= 0; got {value}.")
+    if not (float(rtol) > 0 or float(atol) > 0):
+        raise ValueError(
+            "`rtol` and `atol` must not both be 0: the adaptive step would shrink "
+            "to nothing."
         )

@@ -15,7 +15,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from . import _status
 from ._attention.base import AbstractAttention
-from ._checks import is_traced
+from ._checks import check_finite_times, check_tolerances, is_traced
 from ._measures import AbstractParticles
 
 _ADAPTIVE_SOLVERS = {
@@ -178,12 +178,6 @@ def _check_common(measure, attn, normalization):
     return measure
 
 
-def _check_times(**times) -> None:
-    for name, value in times.items():
-        if not math.isfinite(float(value)):
-            raise ValueError(f"`{name}` must be a finite time; got {value}.")
-
-
 def _check_start_inside(x, blowup_radius) -> None:
     # Only an upward crossing of the radius is an event: a start at or beyond
     # it would run as if nothing happened.
@@ -274,20 +268,14 @@ def simulate(
     """
     measure = _check_common(measure, attn, normalization)
     solver, adaptive = _solver(solver)
-    _check_times(t0=t0, t1=t1)
+    check_finite_times(t0=t0, t1=t1)
     if not float(t1) > float(t0):
         raise ValueError(f"`t1` must be greater than `t0`; got t0={t0}, t1={t1}.")
     if not blowup_radius > 0:
         raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
     _check_start_inside(measure.x, blowup_radius)
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if not float(value) >= 0:
-            raise ValueError(f"`{name}` must be >= 0; got {value}.")
-    if adaptive and dt0 is None and not (float(rtol) > 0 or float(atol) > 0):
-        raise ValueError(
-            "`rtol` and `atol` must not both be 0: the adaptive step would shrink "
-            "to nothing."
-        )
+    if adaptive and dt0 is None:
+        check_tolerances(rtol, atol)
     if int(max_steps) < 1:
         raise ValueError(f"`max_steps` must be a positive integer; got {max_steps}.")
     if dt0 is None and not adaptive:
@@ -455,7 +443,7 @@ def layers(
         A `Solution` with T = L + 1 saved states (ts = l h).
     """
     measure = _check_common(measure, attn, normalization)
-    _check_times(t1=t1)
+    check_finite_times(t1=t1)
     if int(L) != L or L < 1:
         raise ValueError(f"`L` must be an integer >= 1; got {L!r}.")
     L = int(L)

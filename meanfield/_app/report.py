@@ -150,6 +150,16 @@ class Output:
         if self.progress:
             print(message, file=sys.stderr, flush=True)
 
+    def path(self, name: str) -> Path:
+        """The path of `name` for a writer that takes a file name (an animation).
+
+        The name is recorded as written, so the manifest lists it and the next run
+        into this directory removes it (`clear_previous`).
+        """
+        if name not in self.written:
+            self.written.append(name)
+        return self.dir / name
+
     def figure(self, fig, name: str, *, dpi: int = 150, **kw: Any) -> Path:
         """Save a matplotlib figure atomically as `name` and close it.
 
@@ -162,24 +172,20 @@ class Output:
         Returns:
             The path written.
         """
-        path = self.dir / name
+        path = self.path(name)
         _io.save_figure(fig, path, dpi=dpi, **kw)
-        self.written.append(name)
         return path
 
     def arrays(self, name: str, **arrays: Any) -> Path:
         """Save arrays atomically as the uncompressed archive `name` (`.npz`)."""
-        path = self.dir / name
+        path = self.path(name)
         _io.save_npz_atomic(path, **arrays)
-        self.written.append(name)
         return path
 
     def json(self, name: str, data: dict) -> Path:
         """Write `data` atomically as strict JSON (arrays as lists, inf as "inf")."""
-        path = self.dir / name
+        path = self.path(name)
         write_manifest(path, data)
-        if name not in self.written:
-            self.written.append(name)
         return path
 
     def describe(self, config: dict, seed: int | None) -> dict[str, Any]:

@@ -116,9 +116,7 @@ def _figures(cfg: dict, result: Result, output: Output) -> None:
     if not on_sphere:
         output.figure(plotting.plot_radius(sol), "radius.png", dpi=120)
     if cfg["animation"] != "none":
-        name = f"tokens.{cfg['animation']}"
-        path = output.dir / name
-        output.written.append(name)
+        path = output.path(f"tokens.{cfg['animation']}")
         if on_sphere:
             plotting.animate(sol, path, progress=output.progress)
         else:

@@ -17,7 +17,7 @@ from .. import _status
 from .._attention.base import AbstractAttention, interaction_matrix
 from .._attention.norms import norm2, value_norm
 from .._attention.softmax import SoftmaxAttention
-from .._checks import is_traced
+from .._checks import check_finite_times, check_tolerances, is_traced
 from .._dynamics import save_times
 from .._linalg import safe_eigh
 from .._measures import Gaussian
@@ -186,14 +186,8 @@ def simulate(
         ValueError: unsupported attention, bad times or threshold.
     """
     _check(gauss, attn)
-    for name, value in (("t0", t0), ("t1", t1)):
-        if not math.isfinite(float(value)):
-            raise ValueError(f"`{name}` must be a finite time; got {value}.")
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if not float(value) >= 0:
-            raise ValueError(f"`{name}` must be >= 0; got {value}.")
-    if not (float(rtol) > 0 or float(atol) > 0):
-        raise ValueError("`rtol` and `atol` must not both be 0.")
+    check_finite_times(t0=t0, t1=t1)
+    check_tolerances(rtol, atol)
     if not float(t1) > float(t0):
         raise ValueError(f"`t1` must be greater than `t0`; got t0={t0}, t1={t1}.")
     if not blowup_threshold > 0:
