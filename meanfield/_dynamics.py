@@ -17,6 +17,7 @@ from . import _status
 from ._attention.base import AbstractAttention
 from ._checks import check_finite_times, check_tolerances, is_traced
 from ._measures import AbstractParticles
+from ._step_floor import FlooredPIDController
 
 _ADAPTIVE_SOLVERS = {
     "tsit5": dfx.Tsit5,
@@ -104,17 +105,19 @@ def _project_sphere(x, vel):
     return vel - jnp.sum(x * vel, axis=-1, keepdims=True) * x
 
 
-def _velocity_field(attn, measure, normalization, horizon, tdtype):
+def _velocity_field(attn, measure, normalization, t0, tdtype):
     """(t, state) -> state' with state = (x, flags).
 
     flags integrates two indicators, (blowing up, sinkhorn not converged): a
     nonzero value means it happened on an accepted step. "Blowing up" is a velocity
     that overflows the dtype, or an e-folding time max|x| / max|x'| shorter than
-    max(1e-10 (t1 - t0), 1000 ulps of t). Near a blow-up at t* the e-folding time is
-    at least as short as (t* - t) / p for growth like (t* - t)^-p, so the blow-up
-    is that close; past it an adaptive solver only shrinks dt until max_steps. The
-    velocity is then replaced by 0 so the step is accepted and the event stops the
-    solve there.
+    max(1e-10 (t - t0), 1000 ulps of max(|t|, 1)). Near a blow-up at t* the
+    e-folding time is at least as short as (t* - t) / p for growth like
+    (t* - t)^-p, so the blow-up is that close (relative to the time elapsed, or at
+    the resolution of t); past it an adaptive solver only shrinks dt until
+    max_steps. The rule reads t and t0 only, never t1: a longer horizon does not
+    move it. The velocity is then replaced by 0 so the step is accepted and the
+    event stops the solve there.
     """
 
     def field(t, state, args):
@@ -127,7 +130,7 @@ def _velocity_field(attn, measure, normalization, horizon, tdtype):
         if normalization == "sphere":
             vel = _project_sphere(x, vel)
         ulp_t = jnp.finfo(tdtype).eps * jnp.maximum(jnp.abs(t), 1)
-        min_efold = jnp.maximum(1e-10 * horizon, 1000 * ulp_t)
+        min_efold = jnp.maximum(1e-10 * (t - t0), 1000 * ulp_t)
         speed = jnp.max(jnp.linalg.norm(vel, axis=-1))
         radius = jnp.maximum(jnp.max(jnp.linalg.norm(x, axis=-1)), 1)
         too_fast = speed * min_efold > radius
@@ -250,9 +253,10 @@ def simulate(
         blowup_radius: stop with status "blowup" when max_i |x_i| reaches it (located
             by root finding on log max_i |x_i| - log R). A blow-up is also reported
             when the velocity overflows the dtype or the e-folding time
-            max|x| / max|x'| drops below max(1e-10 (t1 - t0), 1000 ulps of t), or
-            an adaptive step falls below 100 ulps of max(|t0|, |t1|, 1): no solver can
-            make progress there, and the blow-up time is then that close.
+            max|x| / max|x'| drops below max(1e-10 (t - t0), 1000 ulps of
+            max(|t|, 1)), or an adaptive step falls below 100 ulps of max(|t|, 1):
+            no solver can make progress there, and the blow-up time is then that
+            close. Neither rule depends on t1.
         progress: show a tqdm progress bar.
         adjoint: a diffrax adjoint for differentiation (default: recursive
             checkpointing, reverse mode). Use `diffrax.ForwardMode()` for jax.jvp.
@@ -288,8 +292,6 @@ def simulate(
     # reuses the compiled solve instead of retracing it.
     t0_, t1_ = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
     user_save = save_times(saveat, t0, t1, dtype)
-    # A step below 100 ulps of t cannot resolve the solution (see _solve).
-    dtmin = 100 * jnp.finfo(dtype).eps * jnp.maximum(jnp.maximum(abs(t0_), abs(t1_)), 1)
     # Tolerances and the blow-up radius are traced too: a study over them (or a
     # tight reference beside a default solve) compiles once.
     return _solve(
@@ -299,7 +301,6 @@ def simulate(
         t1_,
         user_save,
         None if dt0 is None else jnp.asarray(dt0, dtype),
-        dtmin,
         jnp.asarray(float(rtol), dtype),
         jnp.asarray(float(atol), dtype),
         jnp.asarray(math.log(blowup_radius), dtype),
@@ -319,7 +320,6 @@ def _solve(
     t1,
     user_save,
     dt0,
-    dtmin,
     rtol,
     atol,
     log_radius,
@@ -350,12 +350,8 @@ def _solve(
         # A step below 100 ulps of t cannot resolve the solution: near a blow-up
         # whose velocity changes faster than |x| does (super-exponential growth),
         # the e-folding rule may not fire first. Stop there and report a blow-up.
-        controller = dfx.PIDController(
-            rtol=rtol,
-            atol=atol,
-            norm=lambda y: optx.rms_norm(y[0]),
-            dtmin=dtmin,
-            force_dtmin=False,
+        controller = FlooredPIDController(
+            rtol=rtol, atol=atol, norm=lambda y: optx.rms_norm(y[0])
         )
     tiny = jnp.finfo(dtype).tiny
 
@@ -380,7 +376,7 @@ def _solve(
     )
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
     sol = dfx.diffeqsolve(
-        dfx.ODETerm(_velocity_field(attn, measure, normalization, t1 - t0, dtype)),
+        dfx.ODETerm(_velocity_field(attn, measure, normalization, t0, dtype)),
         solver,
         t0,
         t1,

@@ -315,10 +315,26 @@ def test_super_exponential_blowup_is_reported_in_float32(key):
     t32 = mf.simulate(mf.Particles(x32), mf.UnnormalizedAttention(eye32, A=eye32), 20.0)
     assert t64.status == "blowup" and t32.status == "blowup"
     assert int(t32.num_steps) < 1000  # stopped, not stalled until max_steps
-    # float32 stops once dt < 100 ulps(20) = 2.4e-4, a little before the singularity.
+    # float32 stops once dt < 100 ulps of t, a little before the singularity.
     assert abs(float(t32.blowup_time) - float(t64.blowup_time)) < 2e-3 * float(
         t64.blowup_time
     )
+
+
+def test_blowup_rule_does_not_depend_on_the_horizon(key):
+    # The e-folding and step-floor rules read t and t0 only: a horizon of 1e300
+    # once flagged a blow-up at t = 2e-308 (1e-10 x horizon as the e-folding floor).
+    x = 0.3 * np.asarray(jr.normal(key, (8, 2)))
+    eye = np.eye(2)
+    blowing = mf.UnnormalizedAttention(eye, A=eye)
+    near, far = (mf.simulate(mf.Particles(x), blowing, t1) for t1 in (20.0, 1e300))
+    assert near.status == far.status == "blowup"
+    assert float(far.blowup_time) == pytest.approx(float(near.blowup_time), rel=1e-9)
+    # A still field reaches any finite horizon in a few hundred growing steps.
+    still = mf.SoftmaxAttention(np.zeros((2, 2)), A=eye)
+    sol = mf.simulate(mf.Particles(x), still, 1e300, saveat=[0.0, 1e300])
+    assert sol.status == "success" and float(sol.t_final) == 1e300
+    np.testing.assert_array_equal(sol.x[-1], x)
 
 
 @pytest.mark.parametrize(

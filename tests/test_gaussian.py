@@ -377,6 +377,17 @@ def test_float32_blowup_is_found_not_stalled():
     )
 
 
+def test_blowup_time_does_not_depend_on_the_horizon():
+    # The step floor is 100 ulps of the current t, not of t1: a horizon of 1e300
+    # once forbade every step shorter than 1e286.
+    gauss, attn = _commuting_case()
+    want = mf.gaussian.blowup_time(gauss, attn)
+    for t1 in (2.0, 1e6, 1e300):
+        sol = mf.gaussian.simulate(gauss, attn, t1)
+        assert sol.status == "blowup"
+        np.testing.assert_allclose(float(sol.blowup_time), want, rtol=1e-6)
+
+
 def test_fast_exponential_l2_growth_is_not_a_blowup():
     # K = I, Q = 3 I: B -> K^T Q = 3 I, so Sigma grows like e^{6t} (e^{30} by t = 5),
     # beyond 1e8 e^{2 |V| t}, yet L2 with full-rank K never blows up (docs/math.md).

@@ -21,6 +21,7 @@ from .._checks import check_finite_times, check_tolerances, is_traced
 from .._dynamics import save_times
 from .._linalg import safe_eigh
 from .._measures import Gaussian
+from .._step_floor import FlooredPIDController, step_floor
 from ._velocity import _affine, check_supported
 
 
@@ -158,8 +159,8 @@ def simulate(
     e^{2 int_0^t r}, r the growth rate of a blow-up-free run (`_value_rate`:
     |V| for Sinkhorn and softmax, |V| |Q| / s_min(K) for L2 with K of full column
     rank), so Sinkhorn or full-rank L2 runs that grow exponentially are never
-    flagged. A step size below 100 ulps of
-    max(|t0|, |t1|, 1) (float32 close to t*) also ends the solve: as a blow-up
+    flagged. A step size below 100 ulps of max(|t|, 1) at the current t (float32
+    close to t*; the floor does not depend on t1) also ends the solve: as a blow-up
     when the extrapolated singularity below is within 1000 such steps, else as
     "failed" (a run too stiff for the dtype). Near a blow-up at t*,
     lambda_max ~ c (t* - t)^{-p} (p = 1 for softmax, p = 2 for the rank-deficient
@@ -198,7 +199,6 @@ def simulate(
     mean0, cov0 = gauss.mean.astype(dtype), gauss.cov.astype(dtype)
     sub = save_times(saveat, t0, t1, dtype)
     log_thr = math.log(blowup_threshold) + jnp.log(jnp.linalg.eigvalsh(cov0)[-1])
-    dtmin = 100 * float(jnp.finfo(dtype).eps) * max(abs(t0), abs(t1), 1.0)
     # Times, thresholds and tolerances as arrays: the jitted solve is traced once
     # per (attention structure, d, max_steps), not once per call.
     return _solve(
@@ -208,7 +208,6 @@ def simulate(
         jnp.asarray(t0, dtype),
         jnp.asarray(t1, dtype),
         sub,
-        jnp.asarray(dtmin, dtype),
         log_thr,
         jnp.asarray(float(rtol), dtype),
         jnp.asarray(float(atol), dtype),
@@ -218,7 +217,7 @@ def simulate(
 
 @eqx.filter_jit
 def _solve(
-    mean0, cov0, attn, t0, t1, sub, dtmin, log_thr, rtol, atol, *, max_steps
+    mean0, cov0, attn, t0, t1, sub, log_thr, rtol, atol, *, max_steps
 ) -> GaussianSolution:
     """The diffrax solve of `simulate` (arguments validated there)."""
     dtype = mean0.dtype
@@ -240,9 +239,7 @@ def _solve(
         saveat=dfx.SaveAt(subs=(sub, dfx.SubSaveAt(t1=True))),
         # Steps below 100 ulps of t cannot approach t* further (float32 near a
         # blow-up): stop there and extrapolate, rather than stall until max_steps.
-        stepsize_controller=dfx.PIDController(
-            rtol=rtol, atol=atol, dtmin=dtmin, force_dtmin=False
-        ),
+        stepsize_controller=FlooredPIDController(rtol=rtol, atol=atol),
         max_steps=max_steps,
         # No root finder: the crossing step ends within O(1/threshold) of t*, and
         # the extrapolation below does the rest (Newton on the steep interpolant
@@ -256,7 +253,7 @@ def _solve(
     # A collapsed step size is a blow-up only if lambda_max follows a power law
     # whose singularity is within 1000 minimal steps; otherwise the run is merely
     # too stiff for this dtype (lambda' ~ 0) and ends as "failed".
-    singular_soon = (remaining > 0) & (remaining < 1000 * dtmin)
+    singular_soon = (remaining > 0) & (remaining < 1000 * step_floor(t_final, dtype))
     blew_up = (sol.result == dfx.RESULTS.event_occurred) | (
         (sol.result == dfx.RESULTS.dt_min_reached) & singular_soon
     )
