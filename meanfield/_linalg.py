@@ -1,7 +1,8 @@
 """Dense linear algebra shared by the Gaussian solver, distances and clustering.
 
-Symmetric eigendecompositions that never see inf/NaN, PSD square roots, and a
-matrix exponential whose scaling and squaring is right for every norm.
+Symmetric eigendecompositions that never see inf/NaN, PSD square roots, a
+matrix exponential whose scaling and squaring is right for every norm, and
+Euclidean norms and logit scales that do not overflow for huge finite tokens.
 """
 
 import jax
@@ -9,6 +10,35 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, Float
+
+
+def power_of_two_scale(x: Float[Array, "..."], keep: int) -> Float[Array, ""]:
+    """2^k with k >= 0 the smallest such that max|x| / 2^k < 2^keep (1 below it).
+
+    Dividing by a power of two is exact (it only shifts exponents), so a
+    computation done on x / 2^k and scaled back rounds exactly as on x, while
+    squares and products that would overflow stay finite. Non-finite entries are
+    left to the caller (scale 1). The scale is piecewise constant in x: no gradient.
+    """
+    top = jnp.max(jnp.abs(x))
+    _, exponent = jnp.frexp(jnp.where(jnp.isfinite(top), top, 0))
+    k = jnp.maximum(exponent - keep, 0)
+    return jax.lax.stop_gradient(jnp.ldexp(jnp.ones((), x.dtype), k))
+
+
+def row_norms(x: Float[Array, "... d"], keepdims: bool = False) -> Float[Array, "..."]:
+    """Euclidean norms along the last axis, finite for every finite x.
+
+    |x|^2 overflows once |x| passes sqrt(max float) (1e154 in float64, 1e19 in
+    float32); each row with an entry above 1 is divided by a power of two near
+    its largest entry first (exact), other rows are left as they are.
+    """
+    top = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+    _, exponent = jnp.frexp(jnp.where(jnp.isfinite(top), top, 1))
+    exponent = jax.lax.stop_gradient(jnp.maximum(exponent, 0))
+    scaled = jnp.linalg.norm(jnp.ldexp(x, -exponent), axis=-1, keepdims=True)
+    norms = jnp.ldexp(scaled, exponent)
+    return norms if keepdims else norms[..., 0]
 
 
 def safe_eigh(S: Float[Array, "d d"]):

@@ -11,7 +11,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from ._checks import as_float_array, check_finite
+from ._checks import as_float_array, check_finite, check_values
 
 
 class PiecewiseConstant(eqx.Module):
@@ -66,8 +66,21 @@ def as_param(value, name: str):
     return check_finite(as_float_array(value, name), name)
 
 
-def at(param, t) -> Array:
-    """Evaluate a parameter at time t (arrays are constant in time)."""
+def at(param, t, name: str = "parameter") -> Array:
+    """Evaluate a parameter at time t (arrays are constant in time).
+
+    A function's value is checked at every evaluation: NaN or inf raises (a
+    ValueError when concrete, a runtime error inside a jitted solve) naming the
+    parameter, instead of turning the field into NaN that a solver would read as
+    a blow-up.
+    """
     if isinstance(param, Callable):
-        return jnp.asarray(param(t))
+        value = jnp.asarray(param(t))
+        (value,) = check_values(
+            (value,),
+            jnp.any(~jnp.isfinite(value)),
+            f"`{name}` (a function of t) returned NaN or inf: it must be finite at "
+            "every time the solver evaluates it.",
+        )
+        return value
     return param

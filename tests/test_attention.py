@@ -243,6 +243,75 @@ def test_unnormalized_exp_overflows_only_when_the_value_does():
     np.testing.assert_allclose(v[:, 0], np.exp(600.0) * np.sqrt(600.0), rtol=1e-12)
 
 
+def _hardmax_velocity(x, V, logits):
+    # Logit gaps of order |x|^2 make the softmax exactly one-hot on the row argmax.
+    return x[np.argmax(logits, axis=1)] @ V.T
+
+
+@pytest.mark.parametrize("blocking", ["dense", "blocked"])
+@pytest.mark.parametrize(
+    "dtype, scale", [(np.float64, 1e200), (np.float32, 1e20)], ids=["f64", "f32"]
+)
+def test_huge_tokens_give_the_representable_field(key, blocking, dtype, scale):
+    # |x| = 1e200 (float64) or 1e20 (float32): the logits overflow, the field is
+    # finite. It used to be all NaN (inf - inf in the max shift).
+    x, _, A, V, Q, K, s = _data(key, 6, 3)
+    big, V, A, Q, K = (a.astype(dtype) for a in (scale * x, V, A, Q, K))
+    mu = mf.Particles(big)
+    soft = velocity(mf.SoftmaxAttention(V, A=A, blocking=blocking), mu)
+    l2 = velocity(mf.L2Attention(V, Q=Q, K=K, blocking=blocking), mu)
+    np.testing.assert_allclose(soft, _hardmax_velocity(big, V, x @ A.T @ x.T), rtol=1e-5)
+    kx = x @ K.T
+    l2_logits = 2 * (x @ Q.T) @ kx.T - np.sum(kx**2, axis=1)[None, :]
+    np.testing.assert_allclose(l2, _hardmax_velocity(big, V, l2_logits), rtol=1e-5)
+    masked = mf.MaskedParticles(big, s.astype(dtype))
+    got = velocity(mf.SoftmaxAttention(V, A=A, blocking=blocking), masked)
+    assert np.all(np.isfinite(np.asarray(got)))
+
+
+def test_logit_scaling_is_exact(key):
+    # x -> 2^300 x with A -> 2^-600 A leaves the logits unchanged: the velocity
+    # scales by 2^300 to the last bit (the overflow path divides by powers of two).
+    x, w, A, V, _, _, s = _data(key, 7, 3)
+    c = 2.0**300
+    for mu, big in [
+        (mf.Particles(x, w), mf.Particles(c * x, w)),
+        (mf.MaskedParticles(x, s, w), mf.MaskedParticles(c * x, s, w)),
+    ]:
+        for blocking in ("dense", "blocked"):
+            small = velocity(mf.SoftmaxAttention(V, A=A, blocking=blocking), mu)
+            large = velocity(
+                mf.SoftmaxAttention(V, A=A / c**2, blocking=blocking), big
+            )
+            np.testing.assert_array_equal(np.asarray(large), c * np.asarray(small))
+
+
+def test_sinkhorn_with_overflowing_logits_is_not_converged():
+    x = 1e200 * np.array([[1.0, 0.2], [0.3, -1.0], [-0.5, 0.4]])
+    attn = mf.SinkhornAttention(np.eye(2), A=np.eye(2))
+    pot = attn.potentials(mf.Particles(x))
+    assert not bool(pot.converged) and float(pot.marginal_error) == np.inf
+    sol = mf.simulate(mf.Particles(x), attn, 1.0, blowup_radius=1e210)
+    assert sol.status == "sinkhorn_not_converged" and np.isinf(float(sol.blowup_time))
+
+
+def test_callable_parameter_returning_nan_is_named(key):
+    x, w, A, V, _, _, _ = _data(key, 4, 2)
+    attn = mf.SoftmaxAttention(lambda t: jnp.log(1 - t) * V, A=A)
+    mu = mf.Particles(x, w)
+    with pytest.raises(ValueError, match=r"`V` \(a function of t\) returned NaN"):
+        attn.velocity(mu, t=2.0)
+    # Inside the jitted solve: a runtime error naming the parameter, not a blow-up.
+    with pytest.raises(Exception, match=r"`V` \(a function of t\) returned NaN"):
+        mf.simulate(mu, attn, 2.0)
+    assert mf.simulate(mu, attn, 0.5).status == "success"
+    heads = mf.MultiHeadAttention(
+        [mf.SoftmaxAttention(V, A=A)], out=[lambda t: jnp.full((2, 2), jnp.nan)]
+    )
+    with pytest.raises(ValueError, match=r"`out\[0\]` \(a function of t\)"):
+        heads.velocity(mu)
+
+
 def test_masked_query_before_every_key_has_zero_velocity(key):
     x, w, A, V, _, _, _ = _data(key, 5, 2)
     mu = mf.MaskedParticles(x, np.full(5, 0.5), w)

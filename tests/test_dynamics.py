@@ -337,6 +337,24 @@ def test_blowup_rule_does_not_depend_on_the_horizon(key):
     np.testing.assert_array_equal(sol.x[-1], x)
 
 
+@pytest.mark.parametrize("dtype, scale", [(np.float64, 1e200), (np.float32, 1e20)])
+def test_huge_tokens_are_simulated_not_called_a_blowup(dtype, scale):
+    # |x|^2 and the logits overflow; the field does not. Each token is its own
+    # best match (|x_i|^2 > <x_i, x_j>), so with V = A = I: x(t) = e^t x(0).
+    x = scale * np.array([[1.0, 0.2], [0.3, -1.0], [-0.5, 0.4]], dtype)
+    eye = np.eye(2, dtype=dtype)
+    sol = mf.simulate(
+        mf.Particles(x), mf.SoftmaxAttention(eye, A=eye), 1.0, blowup_radius=1e10 * scale
+    )
+    assert sol.status == "success"
+    np.testing.assert_allclose(sol.x[-1], np.e * x, rtol=1e-5)
+    sphere = mf.simulate(
+        mf.Particles(x), mf.SoftmaxAttention(eye, A=eye), 1.0, normalization="sphere"
+    )
+    x_unit = x / np.linalg.norm(x / scale, axis=1, keepdims=True) / scale
+    np.testing.assert_allclose(sphere.x[0], x_unit, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

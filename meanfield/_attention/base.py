@@ -13,6 +13,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import as_float_array, check_finite, format_shape, shape_matches
 from .._custom_types import Param
+from .._linalg import power_of_two_scale
 from .._kernels import blocked as _blocked
 from .._kernels import dense as _kernels
 from .._measures import AbstractMeasure, AbstractParticles, MaskedParticles
@@ -46,9 +47,22 @@ def use_blocked(blocking: str, m: int, n: int) -> bool:
 
 
 def softmax_average(
-    q, keys, bias, values, query_pos=None, key_pos=None, *, blocking, block_size
+    q,
+    keys,
+    bias,
+    values,
+    query_pos=None,
+    key_pos=None,
+    *,
+    blocking,
+    block_size,
+    logit_scale=None,
 ) -> Float[Array, "m dv"]:
-    """sum_j softmax_j(<q_i, k_j> + b_j) v_j (over s_j <= s_i), dense or blocked."""
+    """sum_j softmax_j(c^2 (<q_i, k_j> + b_j)) v_j (over s_j <= s_i), dense or blocked.
+
+    c = `logit_scale` (None: 1) is a power of two that brings logits too large for
+    the dtype back from scaled features (`_kernels.softmax_average`).
+    """
     if use_blocked(blocking, q.shape[0], keys.shape[0]):
         return _blocked.softmax_average(
             q,
@@ -59,9 +73,12 @@ def softmax_average(
             key_pos,
             block_q=QUERY_BLOCKS * block_size,
             block_k=block_size,
+            logit_scale=logit_scale,
         )
     mask = _kernels.causal_mask(query_pos, key_pos)
-    return _kernels.softmax_average(_kernels.logits(q, keys, bias), values, mask)
+    return _kernels.softmax_average(
+        _kernels.logits(q, keys, bias), values, mask, logit_scale=logit_scale
+    )
 
 
 def check_bilinear_args(A, Q, K, cls_name: str) -> None:
@@ -76,7 +93,7 @@ def check_bilinear_args(A, Q, K, cls_name: str) -> None:
 
 def param_at(param, t, name: str, shape: tuple) -> Float[Array, "..."]:
     """Evaluate `param` at t and check its shape (None entries match anything)."""
-    value = at(param, t)
+    value = at(param, t, name)
     if not shape_matches(value.shape, shape):
         raise ValueError(
             f"`{name}` must have shape {format_shape(shape, 'k')} for tokens of "
@@ -371,9 +388,14 @@ class AbstractKernelAttention(AbstractAttention):
 
     def _evaluate(self, measure, z, positions, t):
         dtype = _kernels.compute_dtype(z.dtype)
-        x = measure.x.astype(dtype)
-        q, keys, bias = self.features(z.astype(dtype), x, t)
-        log_w = _kernels.log_weights(measure.weights.astype(dtype))
+        x, z = measure.x.astype(dtype), z.astype(dtype)
+        # Logits are quadratic in the tokens: past sqrt(max float) they overflow
+        # although the weights they give are representable. Features of the
+        # tokens divided by a power of two c give logits / c^2 exactly, and the
+        # kernel scales the max-shifted logits back (c = 1 for ordinary tokens).
+        c = power_of_two_scale(jnp.concatenate([x, z]), jnp.finfo(dtype).maxexp // 4)
+        q, keys, bias = self.features(z / c, x / c, t)
+        log_w = _kernels.log_weights(measure.weights.astype(dtype)) / c / c
         bias = log_w if bias is None else bias + log_w
         vel = softmax_average(
             q,
@@ -384,6 +406,7 @@ class AbstractKernelAttention(AbstractAttention):
             key_positions(measure),
             blocking=self.blocking,
             block_size=self.block_size,
+            logit_scale=c,
         )
         return vel, jnp.array(True)
 

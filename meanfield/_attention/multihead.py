@@ -67,7 +67,7 @@ class MultiHeadAttention(AbstractAttention):
         for h, head in enumerate(self.heads):
             W = None
             if self.out is not None and d is None:
-                W = at(self.out[h], t)
+                W = at(self.out[h], t, f"out[{h}]")
             elif self.out is not None:
                 W = param_at(self.out[h], t, f"out[{h}]", (d, d))
             for leaf, inner in head.flat_heads(t, d):

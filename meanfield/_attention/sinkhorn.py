@@ -259,6 +259,9 @@ class SinkhornAttention(AbstractAttention):
         marginal_error = jax.lax.stop_gradient(
             jnp.max(jnp.where(w > 0, jnp.abs(col_sums - 1), 0))
         )
+        # Logits past the dtype's range (tokens near sqrt(max float)) give NaN
+        # potentials: an infinite error, never a NaN one, and not converged.
+        marginal_error = jnp.where(jnp.isnan(marginal_error), jnp.inf, marginal_error)
         return SinkhornPotentials(f, g, iterations, marginal_error, converged)
 
     def _evaluate(self, measure, z, positions, t):

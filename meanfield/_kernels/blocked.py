@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from .dense import unscale
+
 # (queries (bq, ...), keys (bk, ...)) -> scores (bq, bk)
 ScoreFn = Callable[[Array, Array], Array]
 
@@ -35,6 +37,7 @@ def _online(
     key_pos,
     block_q: int,
     block_k: int,
+    logit_scale=None,
 ):
     """(running max, running sum, running sum of values) per query, blocked.
 
@@ -43,7 +46,9 @@ def _online(
     positions, a key block is skipped (`lax.cond`) when no key in it is visible to
     any query of the block (min s_key > max s_query); sorted positions make most
     blocks either fully visible or skipped. Both levels are `jax.checkpoint`ed, so
-    reverse mode keeps O(n d) residuals instead of the (n, m) matrix.
+    reverse mode keeps O(n d) residuals instead of the (n, m) matrix. With a
+    `logit_scale` c the scores are the true ones / c^2: maxima are kept on that
+    scale and shifted scores are multiplied back (`dense.unscale`).
     """
     n, m = queries.shape[0], keys.shape[0]
     block_q, block_k = max(1, min(block_q, n)), max(1, min(block_k, m))
@@ -88,8 +93,8 @@ def _online(
             if masked:
                 s = jnp.where(kb[-1][None, :] <= qp[:, None], s, -jnp.inf)
             new_max = jnp.maximum(run_max, jnp.max(s, axis=1))
-            scale = jnp.exp(run_max - new_max)
-            p = jnp.exp(s - new_max[:, None])
+            scale = jnp.exp(unscale(run_max - new_max, logit_scale))
+            p = jnp.exp(unscale(s - new_max[:, None], logit_scale))
             run_sum = run_sum * scale + jnp.sum(p, axis=1)
             if with_values:
                 acc = acc * scale[:, None] + p @ kb[2].astype(dtype)
@@ -172,13 +177,24 @@ def softmax_average(
     *,
     block_q: int = 512,
     block_k: int = 512,
+    logit_scale: Float[Array, ""] | None = None,
 ) -> Float[Array, "m dv"]:
-    """sum_j softmax_j(<q_i, k_j> + b_j) v_j over keys with s_j <= s_i, blocked.
+    """sum_j softmax_j(c^2 (<q_i, k_j> + b_j)) v_j over keys with s_j <= s_i, blocked.
 
     The blocked twin of `_kernels.softmax_average` (same conventions: -inf bias
-    removes a key, a query that sees no key gets 0), in O(block_q block_k) memory.
+    removes a key, a query that sees no key gets 0, c = `logit_scale` or 1), in
+    O(block_q block_k) memory.
     """
     _, run_sum, acc = _online(
-        _dot, q, keys, key_bias, values, query_pos, key_pos, block_q, block_k
+        _dot,
+        q,
+        keys,
+        key_bias,
+        values,
+        query_pos,
+        key_pos,
+        block_q,
+        block_k,
+        logit_scale,
     )
     return acc / jnp.where(run_sum > 0, run_sum, 1)[:, None]

@@ -41,22 +41,33 @@ def logits(
     return out if key_bias is None else out + key_bias[None, :]
 
 
+def unscale(shifted: Float[Array, "..."], logit_scale) -> Float[Array, "..."]:
+    """c^2 s for max-shifted logits s <= 0, as (s c) c: never inf * 0 or c^2 = inf."""
+    if logit_scale is None:
+        return shifted
+    return (shifted * logit_scale) * logit_scale
+
+
 def softmax_average(
     logits: Float[Array, "m n"],
     values: Float[Array, "n d"],
     mask: Bool[Array, "m n"] | None = None,
+    logit_scale: Float[Array, ""] | None = None,
 ) -> Float[Array, "m d"]:
-    """sum_j softmax_j(l_ij) v_j over the keys j with mask_ij; 0 for empty rows.
+    """sum_j softmax_j(c^2 l_ij) v_j over the keys j with mask_ij; 0 for empty rows.
 
     A row with no visible key (a query position before every key position) is the
-    average over an empty measure: its velocity is defined as 0.
+    average over an empty measure: its velocity is defined as 0. c = `logit_scale`
+    (None: 1) lets a caller pass logits divided by c^2 when the true ones would
+    overflow: the row maximum is taken on the scaled logits, and the shifted
+    logits (all <= 0) are scaled back, so exp sees c^2 (l_ij - max_k l_ik).
     """
     if mask is not None:
         logits = jnp.where(mask, logits, -jnp.inf)
     row_max = jnp.max(logits, axis=-1, keepdims=True)
     # Empty rows have max -inf: shift by 0 instead so no inf - inf = NaN appears.
     row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0))
-    p = jnp.exp(logits - row_max)
+    p = jnp.exp(unscale(logits - row_max, logit_scale))
     denom = jnp.sum(p, axis=-1, keepdims=True)
     return (p @ values) / jnp.where(denom > 0, denom, 1)
 
