@@ -48,3 +48,34 @@ def test_an_output_directory_that_cannot_exist_is_one_line(tmp_path):
     blocker.write_text("x")
     with pytest.raises(ValueError, match="cannot create the output directory"):
         Output(blocker / "out")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--quick"],
+        ["bench", "--quick"],
+    ],
+    ids=["demo", "bench"],
+)
+def test_demo_and_bench_take_the_directory_lock(tmp_path, capsys, argv):
+    # Two tours or two benchmarks into one directory exit 2 before any work.
+    from meanfield._app.cli import main
+
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / LOCK).write_text(f"{os.getppid()}\n")  # a live process
+    assert main([*argv, "--out", str(busy)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    command = argv[0]
+    assert len(err) == 1 and err[0].startswith(f"meanfield {command}: error:")
+    assert f"{str(busy)!r} is in use by another run" in err[0]
+    assert sorted(p.name for p in busy.iterdir()) == [LOCK]
+
+
+def test_locked_releases_the_directory_however_the_block_ends(tmp_path):
+    out = Output(tmp_path / "run")
+    with pytest.raises(RuntimeError), out.locked():
+        assert (out.dir / LOCK).exists()
+        raise RuntimeError
+    assert not (out.dir / LOCK).exists()

@@ -170,10 +170,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         fig = plot(json.loads(path.read_text()))
         _io.save_figure(fig, path.with_suffix(".png"), dpi=120)
         return 0
-    # The engine imports JAX: only now that a run is asked for.
+    # The engine imports JAX (in `_measure`): only once a run is asked for.
+    try:
+        output = Output(args.out, progress=args.progress)
+        output.lock()  # two benchmarks never write into one directory
+    except ValueError as err:  # DirectoryInUse, or an unusable --out
+        return fail("bench", err)
+    try:
+        return _measure(args, output)
+    except OSError as err:  # full disk, directory removed mid-run
+        return fail("bench", f"cannot write to {args.out!r}: {err}")
+    finally:
+        output.unlock()
+
+
+def _measure(args, output: Output) -> int:
+    """Run the cases of `args` into `output` (locked), save and plot them."""
     from . import bench as _bench
 
-    output = Output(args.out, progress=args.progress)
     name = f"nscaling_{args.name or device_name()}"
 
     def save(result):

@@ -17,12 +17,21 @@ from pathlib import Path
 
 def _run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    from .report import use_agg
+    from .report import DirectoryInUse, Output, fail, use_agg
 
+    try:
+        Output(args.out)  # creatable and writable, before the tour
+    except ValueError as err:
+        return fail("demo", err)
     use_agg()
-    run_demo(
-        args.out, n=args.n, seed=args.seed, progress=args.progress, quick=args.quick
-    )
+    try:
+        run_demo(
+            args.out, n=args.n, seed=args.seed, progress=args.progress, quick=args.quick
+        )
+    except DirectoryInUse as err:  # another tour (or run) writes there
+        return fail("demo", err)
+    except OSError as err:  # full disk, directory removed mid-run
+        return fail("demo", f"cannot write to {args.out!r}: {err}")
     return 0
 
 

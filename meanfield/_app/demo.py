@@ -119,6 +119,13 @@ def run_clustering(
             f"`t1_sphere` and `t1_rd` must be positive; got {t1_sphere}, {t1_rd}."
         )
     output = Output(out_dir, progress=progress)
+    with output.locked():
+        output.clear_previous()
+        return _clustering(output, n, d, t1_sphere, t1_rd, seed, progress, max_frames)
+
+
+def _clustering(output, n, d, t1_sphere, t1_rd, seed, progress, max_frames) -> dict:
+    """The two runs of `run_clustering` into the locked `output`."""
     out = output.dir
 
     # Uniform on S^{d-1}: normalised standard Gaussians. float32 is explicit so the
@@ -307,6 +314,13 @@ def run_demo(
         {"clustering": ..., "gaussian": ..., "lipschitz": ...} summaries.
     """
     output = Output(out_dir, progress=progress)
+    with output.locked():  # two tours never write into one directory
+        output.clear_previous()
+        return _tour(output, n=n, seed=seed, progress=progress, quick=quick)
+
+
+def _tour(output: Output, *, n: int, seed: int, progress: bool, quick: bool) -> dict:
+    """The three parts of `run_demo` into the locked `output`."""
     out = output.dir
     summary = {}
     print("1/3  clustering of tokens, Q = K = V = I (Geshkovski et al., 2023)")

@@ -18,6 +18,7 @@ atomically (`meanfield._io`). Imports neither JAX nor matplotlib.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -116,6 +117,15 @@ class Output:
                 path.unlink()
         except (OSError, ValueError):
             pass
+
+    @contextlib.contextmanager
+    def locked(self):
+        """`lock` for the duration of a `with` block, released however it ends."""
+        self.lock()
+        try:
+            yield self
+        finally:
+            self.unlock()
 
     def clear_previous(self, keep: tuple[str, ...] = ()) -> None:
         """Remove a previous run's outputs, its manifest first.
@@ -282,8 +292,7 @@ class Report:
             The summary.
         """
         output = Output(out_dir, progress=progress)
-        output.lock()
-        try:
+        with output.locked():
             # The previous run's files go before any of this run's is written;
             # the checkpoint stays (a resumed run reads it, a fresh one replaces it).
             output.clear_previous(keep=self.keep)
@@ -295,8 +304,6 @@ class Report:
             if self.wall_in_summary:
                 result.summary["wall_time_s"] = output.wall_s
             output.manifest(result.config, seed, result.summary)
-        finally:
-            output.unlock()
         return result.summary
 
     def main(self, args: argparse.Namespace, **options: Any) -> int:
