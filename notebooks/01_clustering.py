@@ -90,7 +90,7 @@ assert poly.on_boundary.all()
 
 # %%
 fig = plotting.plot_trajectories_3d(
-    z, np.asarray(sol_rd.ts), title="z(t) = e^{-t} x(t)"
+    z, np.asarray(sol_rd.ts), title="z(t) = e^{-t} x(t)", coordinate="z"
 )
 ax = fig.axes[0]
 vertices = poly.centres[poly.vertices]

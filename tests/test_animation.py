@@ -207,6 +207,33 @@ def test_cluster_counts_step_data_and_scales():
     plt.close(fig)
 
 
+def test_cluster_counts_explain_the_switch_of_tolerance_rule():
+    # The automatic tolerance jumps from 1e-2 max|x| to a cut inside a gap when
+    # clusters form: the two stretches get their own style and legend entry.
+    ts = np.array([0.0, 1.0, 2.0, 3.0])
+    tol = np.array([1e-2, 1e-2, 0.3, 0.3])
+    method = np.array(["relative", "relative", "gap", "gap"])
+    fig = plotting.plot_cluster_counts(ts, [50, 40, 3, 2], tol=tol, method=method)
+    (twin,) = fig.axes[1:]
+    dotted, dashed = twin.get_lines()
+    assert dotted.get_linestyle() == ":" and dashed.get_linestyle() == "--"
+    np.testing.assert_array_equal(dotted.get_ydata(), [1e-2, 1e-2, np.nan, np.nan])
+    np.testing.assert_array_equal(dashed.get_ydata(), [np.nan, np.nan, 0.3, 0.3])
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == [
+        "tolerance: 1e-2 max|x| (no gap yet)",
+        "tolerance: in a gap of the merge heights",
+    ]
+    plt.close(fig)
+    # ClusterCounts carries the rule of every time.
+    rng = np.random.default_rng(0)
+    spread = rng.normal(size=(20, 2))  # t = 0: a cloud, no gap
+    tight = 1e-3 * spread + np.repeat([[0.0, 0.0], [5.0, 0.0]], 10, axis=0)
+    counts = mf.clustering.cluster_counts(np.stack([spread, tight]))
+    assert counts.method.tolist() == ["relative", "gap"]
+    assert counts.counts.tolist() == [20, 2]
+
+
 @pytest.mark.parametrize(
     "args, kwargs, match",
     [
@@ -244,3 +271,14 @@ def test_simulated_solutions_animate(tmp_path, key):
     assert 1 < reached < T
     out = plotting.animate(blowup, tmp_path / "blowup.gif")
     assert _frames(out)[0] == reached
+
+
+def test_animation_axes_name_the_drawn_coordinates():
+    # animate(x=rescaled) draws z = e^{-tV} x: its axes say z, not x.
+    from matplotlib.figure import Figure
+
+    x = np.random.default_rng(0).normal(size=(3, 4, 3))
+    ax, _, _ = _animation._axes(Figure(), "2d", x[:, :, :2], (0, 2), "z")
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("$z_{0}$", "$z_{2}$")
+    ax, _, _ = _animation._axes(Figure(), "3d", x, (0, 1), "x")
+    assert (ax.get_xlabel(), ax.get_zlabel()) == ("$x_0$", "$x_2$")

@@ -209,3 +209,63 @@ def test_phase_diagram_colours_the_given_times():
     np.testing.assert_allclose(np.ma.compressed(finite[0].get_array()).sum(), 1.05)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(lab.startswith("no blow-up on") and "67%" in lab for lab in labels)
+
+
+def test_rescaled_paths_are_labelled_z(planar):
+    # Rescaled tokens z = e^{-tV} x are not x: the axes say so.
+    x, ts = np.asarray(planar.x), np.asarray(planar.ts)
+    ax = plotting.plot_trajectories_3d(x, ts, coordinate="z").axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel(), ax.get_zlabel()) == (
+        "$z_0$",
+        "$z_1$",
+        "$z_2$",
+    )
+    ax = plotting.plot_trajectories(planar, dims=(0, 2), coordinate="z").axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == ("$z_{0}$", "$z_{2}$")
+
+
+def test_radius_title(blown_up):
+    ax = plotting.plot_radius(blown_up, title="softmax, causal mask").axes[0]
+    assert ax.get_title() == "softmax, causal mask"
+
+
+def _scaling_study():
+    from meanfield.lipschitz import ScalingStudy
+
+    ns = np.array([16, 32, 64, 128])
+    root = np.sqrt(ns / 16.0)
+    return ScalingStudy(
+        ns=ns,
+        R=3.0,
+        random=np.array([4.0, 3.9, 3.5, 3.0]),
+        random_converged=np.ones(4, bool),
+        adversarial=4.0 * root,
+        adversarial_converged=np.ones(4, bool),
+        searched=np.array([20.0, 30.0, np.nan, np.nan]),
+        searched_converged=np.array([True, True, False, False]),
+        upper=120.0 * root,
+        lower=4.0 * root,  # equal to the Prop. 3.4 values, as in a real study
+        slopes={"random": -0.1, "adversarial": 0.5, "upper": 0.5, "lower": 0.5},
+        wall_s=np.ones(4),
+    )
+
+
+def test_lipschitz_legend_hides_no_curve_and_the_lower_bound_shows():
+    fig = plotting.plot_lipschitz_scaling(_scaling_study())
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert any(lab.startswith("upper bound") for lab in labels)
+    assert any(lab.startswith("lower bound") for lab in labels)
+    # The legend sits outside the plotting area: it covers no curve.
+    renderer = fig.canvas.get_renderer()
+    box, area = legend.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert box.y1 <= area.y0
+    # The lower bound coincides with the Prop. 3.4 curve: drawn as a band wider
+    # than that curve and beneath it, so both stay visible.
+    lines = {line.get_label().split(" (")[0]: line for line in ax.get_lines()}
+    lower, config = lines["lower bound"], lines["Prop. 3.4 configuration"]
+    np.testing.assert_allclose(lower.get_ydata(), config.get_ydata())
+    assert lower.get_linewidth() >= 3 * config.get_linewidth()
+    assert lower.get_zorder() < config.get_zorder()

@@ -291,3 +291,36 @@ def test_ctrl_c_while_xla_runs_does_not_crash(tmp_path):
         code, err, _ = _interrupt(tmp_path, delay, n=2000)
         assert code == 130, (delay, code, err)
         assert "meanfield simulate: interrupted" in err
+
+
+def test_summary_puts_the_saved_radius_after_the_blowup_and_dates_it():
+    from meanfield._app.simulate_report import format_summary
+
+    summary = dict(
+        status="blowup",
+        t_final=0.35,
+        num_steps=40,
+        resumed_from_segment=None,
+        clusters_final=3,
+        clustered="z = e^{-tV} x",
+        cluster_tol=0.1,
+        cluster_tol_method="gap",
+        cluster_sizes=[5, 2, 1],
+        radius_final=1.2e4,
+        radius_time=0.3,
+        blowup_time=0.35,
+        blowup_radius=1e8,
+    )
+    lines = format_summary(summary).splitlines()
+    blowup = next(i for i, line in enumerate(lines) if "blow-up detected" in line)
+    assert "at the last save before it, t = 0.3: 1.2e+04" in lines[blowup + 1]
+    assert not any("radius" in line for line in lines[:blowup])
+
+
+def test_titles_name_the_family_and_the_causal_mask():
+    from meanfield._app.simulate_report import run_label
+
+    cfg = dict(n=64, d=3, normalization="none", masked=True, attention={"kind": "l2"})
+    assert run_label(cfg) == "l2, causal mask, n = 64 on R^3"
+    cfg.update(masked=False, normalization="sphere", attention={"kind": "softmax"})
+    assert run_label(cfg) == "softmax, n = 64 on S^2"

@@ -45,13 +45,15 @@ def _sphere_snapshots(sol, clusters_final: int):
     """Tokens on S^2 at a few times (ending at the final one): clusters forming.
 
     With Q = K = V = I and d = 3 all tokens end in one cluster (Geshkovski et al.,
-    2023); the intermediate panels show the metastable clusters on the way.
+    2023); the intermediate panels show the collapse towards it. At this
+    temperature (beta = 1) no long-lived intermediate clusters form: metastable
+    multi-cluster states need a larger beta.
     """
     ts = np.asarray(sol.ts)
     ts = ts[np.isfinite(ts)]
     t_last = float(ts[-1])
-    # Fractions of the horizon chosen for the default t1 = 15: uniform, first
-    # clusters, several clusters, a few clusters, final.
+    # Fractions of the horizon chosen for the default t1 = 15: uniform, then
+    # three stages of the collapse, final.
     targets = [0.0, 5.0 / 15, 6.0 / 15, 7.0 / 15, 1.0]
     idx = sorted({int(np.abs(ts - f * t_last).argmin()) for f in targets})
     fig = plt.figure(figsize=(3.0 * len(idx), 3.6), layout="constrained")
@@ -84,8 +86,8 @@ def run_clustering(
 ) -> dict:
     """Cluster n tokens under softmax self-attention with Q = K = V = I.
 
-    Writes to `out_dir` (created if needed): `sphere.png` (final state on the
-    sphere), `sphere_trajectories.png` (planar projections of the sphere run),
+    Writes to `out_dir` (created if needed): `sphere.png` (the tokens on the
+    sphere at five times), `sphere_trajectories.png` (planar projections of the sphere run),
     `rescaled.png` (rescaled trajectories e^{-t} x(t) of the R^d run),
     `clusters.png` (number of clusters against t, automatic tolerance),
     `tokens.gif` (animation of the sphere run),
@@ -220,6 +222,7 @@ def _clustering(output, n, d, t1_sphere, t1_rd, seed, progress, max_frames) -> d
                 np.asarray(z_r)[:, :, :3],
                 sol_r.ts,
                 title=r"rescaled tokens $z(t) = e^{-t} x(t)$ in $\mathbb{R}^d$",
+                coordinate="z",
             ),
             "rescaled.png",
         )

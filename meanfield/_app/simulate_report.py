@@ -69,9 +69,12 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
         "cluster_tol": found.tol,
         "cluster_tol_method": found.method,
         "cluster_sizes": sorted(found.sizes.tolist(), reverse=True),
+        # At the last *saved* time: a blow-up stops the solve between saves, so
+        # this is not the radius at the stop (which reached blowup_radius).
         "radius_final": float(
             np.linalg.norm(np.asarray(sol.x)[reached[-1]], axis=-1).max()
         ),
+        "radius_time": float(np.asarray(sol.ts)[reached[-1]]),
     }
     if on_sphere:
         tol = clustering.CONSENSUS_TOL
@@ -87,40 +90,59 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
     return summary, points, counts
 
 
+def run_label(cfg: dict) -> str:
+    """What ran, for every title: family, causal mask or not, n, where."""
+    where = f"S^{cfg['d'] - 1}" if cfg["normalization"] == "sphere" else f"R^{cfg['d']}"
+    mask = ", causal mask" if cfg["masked"] else ""
+    return f"{cfg['attention']['kind']}{mask}, n = {cfg['n']} on {where}"
+
+
 def _figures(cfg: dict, result: Result, output: Output) -> None:
     """trajectories.png, clusters.png, radius.png (R^d) and the animation."""
     sol, points, counts = result.data
     d, on_sphere = cfg["d"], cfg["normalization"] == "sphere"
     ts = np.asarray(sol.ts)
+    run = run_label(cfg)
+    coordinate = "x" if on_sphere else "z"
     if on_sphere and d == 3:
-        fig = plotting.plot_sphere(sol, title=f"t = {float(sol.t_final):.3g}")
+        fig = plotting.plot_sphere(sol, title=f"{run}: t = {float(sol.t_final):.3g}")
     elif d >= 3:
         label = "x(t)" if on_sphere else r"$z(t) = e^{-tV} x(t)$"
-        fig = plotting.plot_trajectories_3d(points[:, :, :3], ts, title=label)
+        fig = plotting.plot_trajectories_3d(
+            points[:, :, :3], ts, title=f"{run}: {label}", coordinate=coordinate
+        )
     elif d == 2:
         fig = plotting.plot_trajectories(
             sol if on_sphere else eqx.tree_at(lambda s: s.x, sol, jnp.asarray(points)),
-            title="x(t)" if on_sphere else "z(t) = exp(-tV) x(t)",
+            title=f"{run}: " + ("x(t)" if on_sphere else "z(t) = exp(-tV) x(t)"),
+            coordinate=coordinate,
         )
     else:
         fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
         ax.plot(ts, points[:, :, 0], lw=0.6)
         ax.set_xlabel("t")
         ax.set_ylabel("x" if on_sphere else "z = exp(-tV) x")
+        ax.set_title(run)
     output.figure(fig, "trajectories.png", dpi=120)
     what = "x" if on_sphere else "z = exp(-tV) x"
     fig = plotting.plot_cluster_counts(
-        counts.ts, counts.counts, tol=counts.tol, title=f"clusters of {what}"
+        counts.ts,
+        counts.counts,
+        tol=counts.tol,
+        method=counts.method,
+        title=f"{run}: clusters of {what}",
     )
     output.figure(fig, "clusters.png", dpi=120)
     if not on_sphere:
-        output.figure(plotting.plot_radius(sol), "radius.png", dpi=120)
+        output.figure(plotting.plot_radius(sol, title=run), "radius.png", dpi=120)
     if cfg["animation"] != "none":
         path = output.path(f"tokens.{cfg['animation']}")
         if on_sphere:
-            plotting.animate(sol, path, progress=output.progress)
+            plotting.animate(sol, path, title=run, progress=output.progress)
         else:
-            plotting.animate(sol, path, x=points, ts=ts, progress=output.progress)
+            plotting.animate(
+                sol, path, x=points, ts=ts, title=run, progress=output.progress
+            )
 
 
 def _compute(
@@ -212,12 +234,21 @@ def format_summary(summary: dict) -> str:
         f"(single linkage, tol {s['cluster_tol']:.3g}, {s['cluster_tol_method']}); "
         f"sizes {s['cluster_sizes'][:8]}"
         + (" ..." if len(s["cluster_sizes"]) > 8 else ""),
-        f"radius max|x| at the end: {s['radius_final']:.4g}",
     ]
     if math.isfinite(s["blowup_time"]):
         lines.append(
-            f"blow-up detected at t* = {s['blowup_time']:.6g} (max|x| reached "
-            f"blowup_radius = {s['blowup_radius']:g}, or the velocity outran it)"
+            f"blow-up detected at t* = {s['blowup_time']:.6g}: max|x| reached "
+            f"blowup_radius = {s['blowup_radius']:g}, or the velocity outran it "
+            "(e-folding time below the time resolution)"
+        )
+        lines.append(
+            f"radius max|x| at the last save before it, t = {s['radius_time']:.4g}: "
+            f"{s['radius_final']:.4g}"
+        )
+    else:
+        lines.append(
+            f"radius max|x| at the last save, t = {s['radius_time']:.4g}: "
+            f"{s['radius_final']:.4g}"
         )
     if "one_cluster_time" in s:
         t = s["one_cluster_time"]

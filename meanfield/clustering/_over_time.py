@@ -27,11 +27,16 @@ class ClusterCounts:
         ts: the reached save times, shape (T',) (T' <= T: unreached times dropped).
         counts: number of clusters at each, shape (T',).
         tol: tolerance used at each, shape (T',).
+        method: how each tolerance was chosen, shape (T',) of str (`Clusters.method`:
+            "given", "gap", "relative" or "none"). The automatic tolerance jumps
+            where the rule changes, e.g. from 1e-2 max|x| ("relative", no gap yet)
+            to a cut inside the first clear gap ("gap").
     """
 
     ts: np.ndarray
     counts: np.ndarray
     tol: np.ndarray
+    method: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +97,7 @@ def cluster_counts(
         min_gap: see `detect`.
 
     Returns:
-        A `ClusterCounts` (ts, counts, tol), over the reached save times only.
+        A `ClusterCounts` (ts, counts, tol, method), over the reached save times.
 
     Raises:
         ValueError: malformed trajectory, times or V, non-finite positions at a
@@ -105,6 +110,7 @@ def cluster_counts(
         ts=ts[reached],
         counts=np.array([f.number for f in found], dtype=np.int64),
         tol=np.array([f.tol for f in found], dtype=np.float64),
+        method=np.array([f.method for f in found], dtype=str),
     )
 
 

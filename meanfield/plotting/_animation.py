@@ -179,7 +179,7 @@ def _sphere_view(ax, center: np.ndarray) -> np.ndarray:
     )
 
 
-def _axes(fig: Figure, kind: str, x: np.ndarray, dims) -> tuple:
+def _axes(fig: Figure, kind: str, x: np.ndarray, dims, coordinate: str) -> tuple:
     """Fixed axes for all frames of x (T, n, dim): (ax, cell, eye).
 
     `cell` is the side of the grid cells in which `_local_mass` sums weights (2%
@@ -194,8 +194,8 @@ def _axes(fig: Figure, kind: str, x: np.ndarray, dims) -> tuple:
         ax.set_xlim(center[0] - half, center[0] + half)
         ax.set_ylim(center[1] - half, center[1] + half)
         ax.set_aspect("equal", adjustable="box")
-        ax.set_xlabel(f"$x_{{{dims[0]}}}$")
-        ax.set_ylabel(f"$x_{{{dims[1]}}}$")
+        ax.set_xlabel(f"${coordinate}_{{{dims[0]}}}$")
+        ax.set_ylabel(f"${coordinate}_{{{dims[1]}}}$")
         cell = 0.02 * 2 * half
     else:
         ax = fig.add_axes((0.0, 0.0, 1.0, 0.92), projection="3d")
@@ -219,9 +219,9 @@ def _axes(fig: Figure, kind: str, x: np.ndarray, dims) -> tuple:
             ax.tick_params(labelsize="x-small")
             # Shrink the cube so that the axis labels stay inside the frame.
             ax.set_box_aspect((1, 1, 1), zoom=0.85)
-            ax.set_xlabel("$x_0$")
-            ax.set_ylabel("$x_1$")
-            ax.set_zlabel("$x_2$")
+            ax.set_xlabel(f"${coordinate}_0$")
+            ax.set_ylabel(f"${coordinate}_1$")
+            ax.set_zlabel(f"${coordinate}_2$")
             lo, hi = x.reshape(-1, 3).min(axis=0), x.reshape(-1, 3).max(axis=0)
             cell = 0.02 * max(float((hi - lo).max()), 1e-12)
     return ax, cell, eye
@@ -241,6 +241,7 @@ def animate(
     trail: int = 5,
     title: str | None = None,
     progress: bool = False,
+    coordinate: str | None = None,
 ) -> Path:
     """Write an animation of the tokens over the reached save times.
 
@@ -287,6 +288,8 @@ def animate(
         trail: length of the fading trail, in frames; 0 for none.
         title: text shown before "t = ..." in each frame's title; None for none.
         progress: show a tqdm progress bar over the frames.
+        coordinate: the symbol of the drawn state in the axis labels; None: "x"
+            for `sol.x`, "z" when `x` is given (rescaled tokens).
 
     Returns:
         The path written, as a `pathlib.Path`.
@@ -309,6 +312,8 @@ def animate(
         raise ValueError(f"`trail` must be an integer >= 0; got {trail}.")
     if kind not in KINDS:
         raise ValueError(f"`kind` must be one of {KINDS}; got {kind!r}.")
+    if coordinate is None:
+        coordinate = "x" if x is None else "z"
     ts, x, weights = _trajectories(sol, x, ts)
     ts, x = _reached_rows(ts, x)
     kind = _resolve_kind(kind, x)
@@ -332,7 +337,7 @@ def animate(
     writer = _writer(path, fps)  # raises before any rendering if ffmpeg is missing
 
     fig = Figure(figsize=(_SIZE_INCHES, _SIZE_INCHES), dpi=80)
-    ax, cell, eye = _axes(fig, kind, x, dims)
+    ax, cell, eye = _axes(fig, kind, x, dims, coordinate)
     frames = range(len(ts))
     if progress:
         from tqdm.auto import tqdm

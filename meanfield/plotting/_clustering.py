@@ -33,6 +33,7 @@ def plot_cluster_counts(
     ax=None,
     title: str | None = None,
     label: str | None = None,
+    method=None,
 ) -> Figure:
     """Number of clusters against t, as a step plot.
 
@@ -53,6 +54,11 @@ def plot_cluster_counts(
         ax: 2-D axes to draw on; None creates a figure.
         title: axes title; None for a default.
         label: legend label of this curve; None for none (unless `tol` is given).
+        method: how each tolerance was chosen, shape (T,) (`ClusterCounts.method`):
+            the varying tolerance is then drawn dotted where it is the relative
+            fallback (1e-2 max|x|, no gap yet) and dashed where it sits in a gap of
+            the merge heights, each with its legend entry, so that the jump
+            between the two rules is explained. None: one dashed line.
 
     Returns:
         The figure.
@@ -74,12 +80,20 @@ def plot_cluster_counts(
         raise ValueError(
             f"`tol` must be a scalar or have shape {ts.shape}; got {tols.shape}."
         )
+    methods = None if method is None else np.asarray(method, dtype=str)
+    if methods is not None and (tols is None or methods.shape != ts.shape):
+        raise ValueError(
+            f"`method` must have shape {ts.shape} and come with a `tol` per time; "
+            f"got shape {methods.shape}."
+        )
     keep = np.isfinite(ts) & np.isfinite(counts.astype(float))
     if not keep.any():
         raise ValueError("no finite time with a finite count: nothing to plot.")
     ts, counts = ts[keep], counts[keep]
     if np.any(counts < 0):
         raise ValueError("`counts` must be nonnegative.")
+    if methods is not None:
+        methods = methods[keep]
     if tols is not None and tols.ndim == 1:
         tols = tols[keep]
         finite_tols = tols[np.isfinite(tols)]
@@ -106,14 +120,26 @@ def plot_cluster_counts(
     if tols is not None and tols.ndim == 1:
         twin = _tolerance_axes(ax)
         ok = np.isfinite(tols) & (tols > 0)
-        twin.plot(
-            ts[ok],
-            tols[ok],
-            ls="--",
-            lw=0.9,
-            color=line.get_color(),
-            label=f"{label} tolerance" if label else "tolerance",
-        )
+        name = f"{label} tolerance" if label else "tolerance"
+        if methods is None:
+            parts = [(ok, "--", name)]
+        else:
+            relative = methods == "relative"
+            parts = [
+                (ok & relative, ":", f"{name}: 1e-2 max|x| (no gap yet)"),
+                (ok & ~relative, "--", f"{name}: in a gap of the merge heights"),
+            ]
+        for sel, style, text in parts:
+            if sel.any():
+                # NaN outside the selection: each rule's stretch is drawn alone.
+                twin.plot(
+                    ts,
+                    np.where(sel, tols, np.nan),
+                    ls=style,
+                    lw=0.9,
+                    color=line.get_color(),
+                    label=text,
+                )
         handles = twin.get_lines()
     ax.set_xlabel("t")
     ax.set_ylabel("number of clusters")

@@ -25,6 +25,7 @@ def plot_trajectories(
     dims: tuple[int, int] = (0, 1),
     max_particles: int = 256,
     title: str | None = None,
+    coordinate: str = "x",
 ) -> Figure:
     """Planar projection of the particle paths t -> (x_i(t)[dims[0]], x_i(t)[dims[1]]).
 
@@ -37,6 +38,8 @@ def plot_trajectories(
         dims: the two coordinates to plot.
         max_particles: plot at most this many particles (evenly spread indices).
         title: axes title; None for a default.
+        coordinate: the symbol of the plotted state in the axis labels
+            ("z" for rescaled tokens z = e^{-tV} x put in `sol.x`).
 
     Returns:
         The figure.
@@ -63,8 +66,8 @@ def plot_trajectories(
     ax.scatter(x[-1, :, 0], x[-1, :, 1], s=22, c=colors, edgecolors="k", linewidths=0.4)
     ax.autoscale_view()
     ax.set_aspect("equal", adjustable="datalim")
-    ax.set_xlabel(f"$x_{{{i}}}$")
-    ax.set_ylabel(f"$x_{{{j}}}$")
+    ax.set_xlabel(f"${coordinate}_{{{i}}}$")
+    ax.set_ylabel(f"${coordinate}_{{{j}}}$")
     _start_end_legend(ax, ts[0], ts[-1])
     ax.set_title(title if title is not None else "particle trajectories")
     return fig
@@ -161,6 +164,7 @@ def plot_trajectories_3d(
     *,
     ax=None,
     title: str | None = None,
+    coordinate: str = "x",
 ) -> Figure:
     """3-D particle paths from an array, e.g. rescaled trajectories e^{-tV} x(t).
 
@@ -172,6 +176,8 @@ def plot_trajectories_3d(
         ts: times, shape (T,), or None (rows are then numbered 0..T-1).
         ax: 3-D axes to draw on; None creates a figure.
         title: axes title; None for a default.
+        coordinate: the symbol of the plotted state in the axis labels ("z" for
+            rescaled tokens z = e^{-tV} x).
 
     Returns:
         The figure.
@@ -196,20 +202,21 @@ def plot_trajectories_3d(
         *x[-1].T, s=24, c=colors, edgecolors="k", linewidths=0.4, depthshade=False
     )
     _equal_3d_limits(ax, x.reshape(-1, 3))
-    ax.set_xlabel("$x_0$")
-    ax.set_ylabel("$x_1$")
-    ax.set_zlabel("$x_2$")
+    ax.set_xlabel(f"${coordinate}_0$")
+    ax.set_ylabel(f"${coordinate}_1$")
+    ax.set_zlabel(f"${coordinate}_2$")
     _start_end_legend(ax, ts[0], ts[-1])
     ax.set_title(title if title is not None else "particle trajectories")
     return fig
 
 
-def plot_radius(sol: Solution, *, ax=None) -> Figure:
+def plot_radius(sol: Solution, *, ax=None, title: str | None = None) -> Figure:
     """Support radius max_i |x_i(t)| against t (log scale), blow-up time marked.
 
     Args:
         sol: a `Solution`.
         ax: 2-D axes to draw on; None creates a figure.
+        title: axes title; None for none.
 
     Returns:
         The figure.
@@ -225,4 +232,6 @@ def plot_radius(sol: Solution, *, ax=None) -> Figure:
     ax.set_ylabel("radius")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize="small")
+    if title is not None:
+        ax.set_title(title)
     return fig
