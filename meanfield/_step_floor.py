@@ -23,13 +23,16 @@ def step_floor(t, dtype):
 
 
 class FlooredPIDController(dfx.PIDController):
-    """`dfx.PIDController` that ends the solve with `RESULTS.dt_min_reached` when
-    the next step would be shorter than `step_floor` at its start.
+    """`dfx.PIDController` whose floor on the step follows the current time.
 
-    Use it without `dtmin`: the floor replaces diffrax's fixed one.
+    It ends the solve with `RESULTS.dt_min_reached` when the next step would be
+    shorter than `step_floor` at its start. Use it without `dtmin`: the floor
+    replaces diffrax's fixed one.
     """
 
-    def adapt_step_size(self, t0, t1, y0, y1_candidate, args, y_error, error_order, state):
+    def adapt_step_size(
+        self, t0, t1, y0, y1_candidate, args, y_error, error_order, state
+    ):
         keep, next_t0, next_t1, jump, state, result = super().adapt_step_size(
             t0, t1, y0, y1_candidate, args, y_error, error_order, state
         )

@@ -260,7 +260,9 @@ def test_huge_tokens_give_the_representable_field(key, blocking, dtype, scale):
     mu = mf.Particles(big)
     soft = velocity(mf.SoftmaxAttention(V, A=A, blocking=blocking), mu)
     l2 = velocity(mf.L2Attention(V, Q=Q, K=K, blocking=blocking), mu)
-    np.testing.assert_allclose(soft, _hardmax_velocity(big, V, x @ A.T @ x.T), rtol=1e-5)
+    np.testing.assert_allclose(
+        soft, _hardmax_velocity(big, V, x @ A.T @ x.T), rtol=1e-5
+    )
     kx = x @ K.T
     l2_logits = 2 * (x @ Q.T) @ kx.T - np.sum(kx**2, axis=1)[None, :]
     np.testing.assert_allclose(l2, _hardmax_velocity(big, V, l2_logits), rtol=1e-5)
@@ -280,9 +282,7 @@ def test_logit_scaling_is_exact(key):
     ]:
         for blocking in ("dense", "blocked"):
             small = velocity(mf.SoftmaxAttention(V, A=A, blocking=blocking), mu)
-            large = velocity(
-                mf.SoftmaxAttention(V, A=A / c**2, blocking=blocking), big
-            )
+            large = velocity(mf.SoftmaxAttention(V, A=A / c**2, blocking=blocking), big)
             np.testing.assert_array_equal(np.asarray(large), c * np.asarray(small))
 
 

@@ -344,7 +344,10 @@ def test_huge_tokens_are_simulated_not_called_a_blowup(dtype, scale):
     x = scale * np.array([[1.0, 0.2], [0.3, -1.0], [-0.5, 0.4]], dtype)
     eye = np.eye(2, dtype=dtype)
     sol = mf.simulate(
-        mf.Particles(x), mf.SoftmaxAttention(eye, A=eye), 1.0, blowup_radius=1e10 * scale
+        mf.Particles(x),
+        mf.SoftmaxAttention(eye, A=eye),
+        1.0,
+        blowup_radius=1e10 * scale,
     )
     assert sol.status == "success"
     np.testing.assert_allclose(sol.x[-1], np.e * x, rtol=1e-5)

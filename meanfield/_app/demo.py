@@ -87,7 +87,8 @@ def run_clustering(
     """Cluster n tokens under softmax self-attention with Q = K = V = I.
 
     Writes to `out_dir` (created if needed): `sphere.png` (the tokens on the
-    sphere at five times), `sphere_trajectories.png` (planar projections of the sphere run),
+    sphere at five times), `sphere_trajectories.png` (planar projections of the
+    sphere run),
     `rescaled.png` (rescaled trajectories e^{-t} x(t) of the R^d run),
     `clusters.png` (number of clusters against t, automatic tolerance),
     `tokens.gif` (animation of the sphere run),

@@ -13,9 +13,9 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 
 from .._checks import as_float_array, check_finite, format_shape, shape_matches
 from .._custom_types import Param
-from .._linalg import power_of_two_scale
 from .._kernels import blocked as _blocked
 from .._kernels import dense as _kernels
+from .._linalg import power_of_two_scale
 from .._measures import AbstractMeasure, AbstractParticles, MaskedParticles
 from .._params import as_param, at
 
