@@ -205,12 +205,13 @@ def main():
         float32_check=check,
     )
     write_manifest(out / f"real_model_lipschitz_{device}.json", result)
-    for study_res, suffix, what in ((res, "", ""), (masked, "_masked", ", causal")):
+    mask = ", causal mask s_i = i/n"
+    for study_res, suffix, what in ((res, "", ""), (masked, "_masked", mask)):
         if study_res is None:
             continue
         fig = plotting.plot_real_model_lipschitz(
             study_res,
-            title=f"all-MiniLM-L6-v2 attention layers{what} on English text "
+            title=f"all-MiniLM-L6-v2 attention layers on English text{what} "
             f"({study_res.dtype}, {device})",
         )
         name = f"real_model_lipschitz{suffix}_{device}.png"
