@@ -47,6 +47,11 @@ __all__ = sorted([*_ENGINE, *_NAMESPACES])
 
 
 def __getattr__(name: str):
+    if name in _ENGINE or (name in _NAMESPACES and name != "plotting"):
+        # Before anything compiles: JAX's persistent cache in a user directory.
+        from . import _compile_cache
+
+        _compile_cache.enable()
     if name in _ENGINE:
         value = getattr(importlib.import_module(_ENGINE[name], __name__), name)
     elif name in _NAMESPACES:

@@ -10,13 +10,21 @@ import diffrax as dfx
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from . import _status
 from ._attention.base import AbstractAttention
 from ._checks import check_finite_times, check_tolerances, is_traced
-from ._linalg import row_norms
+from ._clock import (
+    checked_on_host,
+    clock_length,
+    diffeqsolve_in_jit,
+    save_fractions,
+    to_t,
+)
+from ._linalg import host_row_norms, row_norms
 from ._measures import AbstractParticles
 from ._step_floor import FlooredPIDController
 
@@ -78,40 +86,18 @@ class Solution(eqx.Module):
         return eqx.tree_at(lambda m: m.x, self.initial, self.x[int(i)])
 
 
-def save_times(saveat, t0, t1, dtype) -> dfx.SubSaveAt:
-    """The user's save times as a diffrax `SubSaveAt` (None: t0 and t1).
-
-    Raises:
-        ValueError: not a non-empty 1-D array, or (when concrete) not
-            non-decreasing within [t0, t1].
-    """
-    if saveat is None:
-        return dfx.SubSaveAt(t0=True, t1=True)
-    ts = jnp.asarray(saveat, dtype)
-    if ts.ndim != 1 or ts.shape[0] == 0:
-        raise ValueError(
-            f"`saveat` must be a non-empty 1-D array of times; got shape {ts.shape}."
-        )
-    if not is_traced(ts) and not (
-        bool(jnp.all(jnp.diff(ts) >= 0)) and ts[0] >= t0 and ts[-1] <= t1
-    ):
-        raise ValueError(
-            f"`saveat` must be non-decreasing times within [t0, t1] = [{t0}, {t1}]."
-        )
-    return dfx.SubSaveAt(ts=ts)
-
-
 def _project_sphere(x, vel):
     # P_x^perp v = v - <x, v> x: the LayerNorm model keeps |x_i| = 1.
     return vel - jnp.sum(x * vel, axis=-1, keepdims=True) * x
 
 
-def _velocity_field(attn, measure, normalization, t0, tdtype):
-    """(t, state) -> state' with state = (x, flags).
+def _velocity_field(attn, measure, normalization, t0, rate):
+    """(s, state) -> d state / ds on the solver clock (`_clock`), state = (x, flags).
 
-    flags integrates two indicators, (blowing up, sinkhorn not converged): a
-    nonzero value means it happened on an accepted step. "Blowing up" is a velocity
-    that overflows the dtype, or an e-folding time max|x| / max|x'| shorter than
+    The field is rate Gamma(t) at t = t0 + s rate (rate = dt/ds). flags integrates two
+    indicators, (blowing up, sinkhorn not converged): a nonzero value means it
+    happened on an accepted step. "Blowing up" is a velocity that overflows the
+    dtype, or an e-folding time max|x| / max|dx/dt| shorter than
     max(1e-10 (t - t0), 1000 ulps of max(|t|, 1)). Near a blow-up at t* the
     e-folding time is at least as short as (t* - t) / p for growth like
     (t* - t)^-p, so the blow-up is that close (relative to the time elapsed, or at
@@ -121,8 +107,9 @@ def _velocity_field(attn, measure, normalization, t0, tdtype):
     event stops the solve there.
     """
 
-    def field(t, state, args):
+    def field(s, state, args):
         x, _ = state
+        t = to_t(s, t0, rate)
         if normalization == "sphere":
             # Evaluate on the sphere: radial round-off drift cannot feed back.
             x = x / row_norms(x, keepdims=True)
@@ -130,13 +117,13 @@ def _velocity_field(attn, measure, normalization, t0, tdtype):
         vel, converged = attn.velocity_and_status(mu, t=t)
         if normalization == "sphere":
             vel = _project_sphere(x, vel)
-        ulp_t = jnp.finfo(tdtype).eps * jnp.maximum(jnp.abs(t), 1)
-        min_efold = jnp.maximum(1e-10 * (t - t0), 1000 * ulp_t)
+        ulp_t = jnp.finfo(x.dtype).eps * jnp.maximum(jnp.abs(t), 1)
+        min_efold = jnp.maximum(1e-10 * s * rate, 1000 * ulp_t)
         speed = jnp.max(row_norms(vel))
         radius = jnp.maximum(jnp.max(row_norms(x)), 1)
         too_fast = speed * min_efold > radius
         stop = ~jnp.all(jnp.isfinite(vel)) | too_fast
-        vel = jnp.where(stop, 0, vel)
+        vel = jnp.where(stop, 0, vel * rate)
         flags = jnp.stack([stop, ~converged]).astype(x.dtype)
         return vel, flags
 
@@ -169,17 +156,20 @@ def _check_common(measure, attn, normalization):
         raise ValueError(
             f"`normalization` must be one of {NORMALIZATIONS}; got {normalization!r}."
         )
-    if normalization == "sphere":
-        x = measure.x
-        norms = row_norms(x, keepdims=True)
-        if not is_traced(x) and bool(jnp.any(norms == 0)):
-            rows = jnp.flatnonzero(norms[:, 0] == 0).tolist()
+    if normalization == "sphere" and not is_traced(measure.x):
+        zero = ~np.any(np.asarray(measure.x) != 0, axis=-1)
+        if zero.any():
+            rows = np.flatnonzero(zero).tolist()
             raise ValueError(
                 '`measure` must have no zero token with normalization="sphere" '
                 f"(it has no direction on the sphere); rows {rows[:5]} are zero."
             )
-        measure = eqx.tree_at(lambda m: m.x, measure, x / norms)
     return measure
+
+
+def _on_sphere(measure):
+    """The measure with every token normalised (inside the jitted solves)."""
+    return eqx.tree_at(lambda m: m.x, measure, measure.x / row_norms(measure.x, True))
 
 
 def _check_start_inside(x, blowup_radius) -> None:
@@ -187,7 +177,7 @@ def _check_start_inside(x, blowup_radius) -> None:
     # it would run as if nothing happened.
     if is_traced(x):
         return
-    start = float(jnp.max(row_norms(x)))
+    start = float(np.max(host_row_norms(np.asarray(x))))
     if not start < blowup_radius:
         raise ValueError(
             f"`blowup_radius` must exceed the initial radius max_i |x_i| = {start:g}; "
@@ -197,7 +187,8 @@ def _check_start_inside(x, blowup_radius) -> None:
 
 def _final_result(dfx_result, event_mask, flags):
     """Map diffrax's result and our flags to a meanfield result code."""
-    hit_event = jnp.any(jnp.stack(jax.tree.leaves(event_mask))) if event_mask else False
+    leaves = [] if event_mask is None else jax.tree.leaves(event_mask)
+    hit_event = jnp.any(jnp.stack(leaves)) if leaves else False
     code = jnp.where(
         dfx_result == dfx.RESULTS.max_steps_reached, _status.MAX_STEPS, _status.FAILED
     )
@@ -284,7 +275,10 @@ def simulate(
         raise ValueError(f"`t1` must be greater than `t0`; got t0={t0}, t1={t1}.")
     if not blowup_radius > 0:
         raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
-    _check_start_inside(measure.x, blowup_radius)
+    # On the sphere every token starts at radius 1.
+    _check_start_inside(
+        np.ones((1, 1)) if normalization == "sphere" else measure.x, blowup_radius
+    )
     if adaptive and dt0 is None:
         check_tolerances(rtol, atol)
     if int(max_steps) < 1:
@@ -294,23 +288,29 @@ def simulate(
     if dt0 is not None and not float(dt0) > 0:
         raise ValueError(f"`dt0` must be positive; got {dt0}.")
     dtype = measure.x.dtype
-    # Times as arrays of the state's dtype (diffrax promotes the state to the time
-    # dtype): traced by the jitted solve, so a new [t0, t1] (a resumed segment)
-    # reuses the compiled solve instead of retracing it.
-    t0_, t1_ = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
-    user_save = save_times(saveat, t0, t1, dtype)
-    # Tolerances and the blow-up radius are traced too: a study over them (or a
-    # tight reference beside a default solve) compiles once.
+    # The solver clock (`_clock`): its length, the save fractions and a fixed
+    # step are compile-time constants, t0 and t1 traced; tolerances and the
+    # blow-up radius are traced too. A study over them, a tight reference beside
+    # a default solve, or the next segment of a run all reuse one compiled solve,
+    # and that solve can be kept in JAX's persistent cache.
+    length = clock_length(t0, t1)
+    # NumPy, not jnp: converting on the host compiles nothing.
+    if saveat is None or is_traced(saveat):
+        ts = None if saveat is None else saveat.astype(dtype)
+    else:
+        ts = np.asarray(saveat, dtype)
     return _solve(
         measure,
         attn,
-        t0_,
-        t1_,
-        user_save,
-        None if dt0 is None else jnp.asarray(dt0, dtype),
-        jnp.asarray(float(rtol), dtype),
-        jnp.asarray(float(atol), dtype),
-        jnp.asarray(math.log(blowup_radius), dtype),
+        np.asarray(t0, dtype),
+        np.asarray(t1, dtype),
+        save_fractions(saveat, float(t0), float(t1)),
+        ts,
+        None if dt0 is None else float(dt0) / (float(t1) - float(t0)) * length,
+        np.asarray(rtol, dtype),
+        np.asarray(atol, dtype),
+        np.asarray(math.log(blowup_radius), dtype),
+        length=length,
         solver=solver,
         max_steps=int(max_steps),
         normalization=normalization,
@@ -325,32 +325,45 @@ def _solve(
     attn,
     t0,
     t1,
-    user_save,
-    dt0,
+    fractions,
+    ts,
+    ds0,
     rtol,
     atol,
     log_radius,
     *,
+    length,
     solver,
     max_steps,
     normalization,
     progress,
     adjoint,
 ) -> Solution:
-    """The diffrax solve of `simulate` (arguments validated there).
+    """The diffrax solve of `simulate` on the solver clock (validated there).
 
-    Jitted once per (measure/attention structure, shapes, options): t0, t1, dt0,
-    the save times, the tolerances and log(blowup_radius) are traced arrays.
+    Jitted once per (measure/attention structure, shapes, clock length, save
+    fractions, fixed step, options): t0, t1, the save times, the tolerances and
+    log(blowup_radius) are traced arrays. diffrax's own checks see constants
+    only (`_clock.checked_on_host`), so the program holds no host callback and
+    JAX's persistent cache can keep it.
     """
+    if normalization == "sphere":
+        measure = _on_sphere(measure)
     x0 = measure.x
     dtype = x0.dtype
+    rate = (t1 - t0) / length  # dt/ds
     # diffrax's event code compares condition values with a Python 0.0 inside a
     # lax.cond, so they must be in the default float dtype (float64 under x64).
     cond_dtype = jnp.result_type(float)
+    if fractions is None:
+        user_save = dfx.SubSaveAt(t0=True, t1=True)
+        ts = jnp.stack([t0, t1])
+    else:
+        user_save = dfx.SubSaveAt(ts=jnp.asarray(fractions, dtype) * length)
     # Always also save the final state: it tells where an early stop happened.
     save = dfx.SaveAt(subs=(user_save, dfx.SubSaveAt(t1=True)))
 
-    if dt0 is not None:
+    if ds0 is not None:
         controller = dfx.ConstantStepSize()
     else:
         # The flags are indicators, not dynamics: keep them out of the error norm.
@@ -358,47 +371,62 @@ def _solve(
         # whose velocity changes faster than |x| does (super-exponential growth),
         # the e-folding rule may not fire first. Stop there and report a blow-up.
         controller = FlooredPIDController(
-            rtol=rtol, atol=atol, norm=lambda y: optx.rms_norm(y[0])
+            rtol=rtol,
+            atol=atol,
+            norm=lambda y: optx.rms_norm(y[0]),
+            t_start=t0,
+            dt_ds=rate,
         )
     tiny = jnp.finfo(dtype).tiny
 
-    def radius_crossed(t, y, args, **kwargs):
-        # diffrax passes these by keyword: the names t, y, args are required.
-        # Log scale keeps the root finder's residual O(1) (pitfall in float32).
+    def radius_crossed(s, y, args, **kwargs):
+        # Log scale keeps the condition O(1) (pitfall in float32).
         radius = jnp.max(row_norms(y[0]))
         return (jnp.log(jnp.maximum(radius, tiny)) - log_radius).astype(cond_dtype)
 
-    def blowing_up(t, y, args, **kwargs):
+    def blowing_up(s, y, args, **kwargs):
         # |F| - tiny, F the integrated "blowing up" indicator: 0 until the first
-        # flagged step, then ~ c (t - t_flag), so the root is the flag time. (A
+        # flagged step, then ~ c (s - s_flag), so the root is the flag time. (A
         # boolean condition would be simpler, but diffrax 0.7 mixes dtypes on it.)
         return (jnp.abs(y[1][0]) - tiny).astype(cond_dtype)
 
-    event = dfx.Event(
-        (radius_crossed, blowing_up),
-        root_finder=optx.Newton(rtol=1e-5, atol=1e-5, norm=optx.rms_norm),
+    def stopping(t, y, args, **kwargs):
+        # diffrax passes t, y, args by keyword. One scalar condition, positive
+        # once either has crossed: bisection on its sign finds the first crossing
+        # in the step (no Jacobian or linear solve to compile, unlike Newton).
+        return jnp.maximum(radius_crossed(t, y, args), blowing_up(t, y, args))
+
+    # The event time to 64 ulps of s (relative), or far below any step near 0.
+    bisection = optx.Bisection(
+        rtol=64 * float(jnp.finfo(dtype).eps), atol=1e-30, flip=False
     )
     meter = (
         dfx.TqdmProgressMeter(refresh_steps=20) if progress else dfx.NoProgressMeter()
     )
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
-    sol = dfx.diffeqsolve(
-        dfx.ODETerm(_velocity_field(attn, measure, normalization, t0, dtype)),
-        solver,
-        t0,
-        t1,
-        dt0,
-        (x0, jnp.zeros(2, dtype)),
-        saveat=save,
-        stepsize_controller=controller,
-        max_steps=max_steps,
-        event=event,
-        throw=False,
-        progress_meter=meter,
-        **kwargs,
-    )
-    (ts, t_end), ((xs, _), (_, flags_end)) = sol.ts, sol.ys
-    t_final = t_end[0]
+    with checked_on_host(fractions):
+        sol = diffeqsolve_in_jit(
+            dfx.ODETerm(_velocity_field(attn, measure, normalization, t0, rate)),
+            solver,
+            # Concrete times in the state's dtype (diffrax would promote a float32
+            # state to a float64 time).
+            jnp.asarray(0.0, dtype),
+            jnp.asarray(length, dtype),
+            None if ds0 is None else jnp.asarray(ds0, dtype),
+            (x0, jnp.zeros(2, dtype)),
+            saveat=save,
+            stepsize_controller=controller,
+            max_steps=max_steps,
+            event=dfx.Event(stopping, root_finder=bisection),
+            throw=False,
+            progress_meter=meter,
+            **kwargs,
+        )
+    (s_saved, s_end), ((xs, _), (_, flags_end)) = sol.ts, sol.ys
+    # The requested times where reached (diffrax marks the others +inf), and the
+    # stop in t: exactly t1 at the end of the clock.
+    ts = jnp.where(jnp.isfinite(s_saved), ts.astype(dtype), jnp.inf)
+    t_final = jnp.where(s_end[0] == length, t1, to_t(s_end[0], t0, rate))
     if normalization == "sphere":
         # Projection method (Hairer, Lubich & Wanner, GNI IV.4): the field is evaluated
         # at x/|x|, so radial round-off (O(rtol t)) never feeds back; report x/|x|.
@@ -452,9 +480,29 @@ def layers(
     L = int(L)
     if not float(t1) > 0:
         raise ValueError(f"`t1` must be positive; got {t1}.")
+    dtype = measure.x.dtype
+    if not blowup_radius > 0:
+        raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
+    # Depth and radius as traced arrays: a new t1 or radius reuses the compiled
+    # stack (one compilation per measure/attention structure, shapes and L).
+    return _layers(
+        measure,
+        attn,
+        np.asarray(t1, dtype),
+        np.asarray(blowup_radius, dtype),
+        L=L,
+        normalization=normalization,
+    )
+
+
+@eqx.filter_jit
+def _layers(measure, attn, t1, blowup_radius, *, L, normalization) -> Solution:
+    """The scan of `layers` (arguments validated there)."""
+    if normalization == "sphere":
+        measure = _on_sphere(measure)
     x0 = measure.x
     dtype = x0.dtype
-    h = jnp.asarray(t1 / L, dtype)
+    h = t1 / L
 
     def layer(carry, l):
         x, stopped, t_stop, ok_all = carry
@@ -494,7 +542,7 @@ def layers(
         x=xs,
         blowup_time=t_stop,
         result=result,
-        t_final=jnp.where(stopped, t_stop, jnp.asarray(t1, dtype)),
+        t_final=jnp.where(stopped, t_stop, t1),
         num_steps=jnp.asarray(L),
         initial=measure,
     )

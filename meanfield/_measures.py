@@ -9,9 +9,21 @@ import abc
 import equinox as eqx
 import jax.numpy as jnp
 import jax.random as jr
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
-from ._checks import as_float_array, check_finite, check_shape, check_values
+from . import _compile_cache
+from ._checks import (
+    as_float_array,
+    check_finite,
+    check_shape,
+    check_values,
+    is_traced,
+)
+
+# Every engine path goes through a measure: the persistent compilation cache is
+# set up here, before anything compiles (`_compile_cache`).
+_compile_cache.enable()
 
 
 def _with_simplex_weights(x, weights) -> tuple[Float[Array, "n d"], Float[Array, " n"]]:
@@ -22,15 +34,21 @@ def _with_simplex_weights(x, weights) -> tuple[Float[Array, "n d"], Float[Array,
     """
     n, dtype = x.shape[0], x.dtype
     if weights is None:
-        return x, jnp.full((n,), 1.0 / n, dtype=dtype)
+        # Built on the host: an eager jnp.full compiles a program per shape.
+        return x, jnp.asarray(np.full((n,), 1.0 / n, dtype=dtype))
     w = as_float_array(weights, "weights").astype(dtype)
     check_shape(w, (n,), "weights", "(n,)")
-    x, w = check_values(
-        (x, w), jnp.any(~jnp.isfinite(w)), "`weights` contains NaN or inf."
-    )
     # A length-n sum in this dtype is exact to about n ulps.
     tol = max(n, 16) * jnp.finfo(dtype).eps
-    bad = jnp.any(w < 0) | (jnp.abs(jnp.sum(w) - 1) > tol)
+    if is_traced(x, w):
+        x, w = check_values(
+            (x, w), jnp.any(~jnp.isfinite(w)), "`weights` contains NaN or inf."
+        )
+        bad = jnp.any(w < 0) | (jnp.abs(jnp.sum(w) - 1) > tol)
+    else:  # on the host: eager checks would compile small programs
+        w = check_finite(w, "weights")
+        host = np.asarray(w)
+        bad = bool(np.any(host < 0) or abs(host.sum(dtype=host.dtype) - 1) > tol)
     return check_values(
         (x, w),
         bad,
@@ -119,12 +137,15 @@ class MaskedParticles(AbstractParticles):
         n = x.shape[0]
         s = as_float_array(positions, "positions").astype(x.dtype)
         check_shape(s, (n,), "positions", "(n,)")
-        x, s = check_values(
-            (x, s), jnp.any(~jnp.isfinite(s)), "`positions` contains NaN or inf."
-        )
-        x, s = check_values(
-            (x, s), jnp.any((s < 0) | (s > 1)), "`positions` must lie in [0, 1]."
-        )
+        if is_traced(x, s):
+            x, s = check_values(
+                (x, s), jnp.any(~jnp.isfinite(s)), "`positions` contains NaN or inf."
+            )
+            outside = jnp.any((s < 0) | (s > 1))
+        else:  # on the host: eager checks would compile small programs
+            s = check_finite(s, "positions")
+            outside = bool(np.any((np.asarray(s) < 0) | (np.asarray(s) > 1)))
+        x, s = check_values((x, s), outside, "`positions` must lie in [0, 1].")
         self.x, self.weights = _with_simplex_weights(x, weights)
         self.positions = s
 

@@ -10,6 +10,7 @@ start t: the resolution the time grid really has there, the same on any horizon.
 from __future__ import annotations
 
 import diffrax as dfx
+import jax
 import jax.numpy as jnp
 
 # A step shorter than this many ulps of t barely moves t: the solution cannot be
@@ -27,8 +28,16 @@ class FlooredPIDController(dfx.PIDController):
 
     It ends the solve with `RESULTS.dt_min_reached` when the next step would be
     shorter than `step_floor` at its start. Use it without `dtmin`: the floor
-    replaces diffrax's fixed one.
+    replaces diffrax's fixed one. On the solver clock (`_clock`) the solver's
+    time is s and t = t_start + s dt_ds: the floor is taken at t, converted to s.
+
+    Attributes:
+        t_start: t at solver time 0 (None: the solver's time is t).
+        dt_ds: dt/ds (None: 1).
     """
+
+    t_start: jax.Array | None = None
+    dt_ds: jax.Array | None = None
 
     def adapt_step_size(
         self, t0, t1, y0, y1_candidate, args, y_error, error_order, state
@@ -37,6 +46,11 @@ class FlooredPIDController(dfx.PIDController):
             t0, t1, y0, y1_candidate, args, y_error, error_order, state
         )
         dtype = jnp.result_type(next_t0)
-        too_short = (next_t1 - next_t0) < step_floor(next_t0, dtype)
+        if self.t_start is None:
+            floor = step_floor(next_t0, dtype)
+        else:
+            floor = step_floor(self.t_start + next_t0 * self.dt_ds, dtype)
+            floor = floor / self.dt_ds
+        too_short = (next_t1 - next_t0) < floor
         result = dfx.RESULTS.where(too_short, dfx.RESULTS.dt_min_reached, result)
         return keep, next_t0, next_t1, jump, state, result

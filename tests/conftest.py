@@ -39,6 +39,11 @@ if _CHECKED not in os.environ:
     os.environ["XLA_FLAGS"] = " ".join([user, *kept]).strip()
     os.environ[_CHECKED] = " ".join(kept)
 
+# No persistent compilation cache under test: CI is cold anyway, and a suite must
+# not write into the user's cache directory (test_compile_cache.py opts back in,
+# in child processes).
+os.environ.setdefault("MEANFIELD_COMPILATION_CACHE", "0")
+
 import jax  # noqa: E402
 import jax.random as jr  # noqa: E402
 import pytest  # noqa: E402

@@ -18,7 +18,13 @@ from .._attention.base import AbstractAttention, interaction_matrix
 from .._attention.norms import norm2, value_norm
 from .._attention.softmax import SoftmaxAttention
 from .._checks import check_finite_times, check_tolerances, is_traced
-from .._dynamics import save_times
+from .._clock import (
+    checked_on_host,
+    clock_length,
+    diffeqsolve_in_jit,
+    save_fractions,
+    to_t,
+)
 from .._linalg import safe_eigh
 from .._measures import Gaussian
 from .._step_floor import FlooredPIDController, step_floor
@@ -197,58 +203,79 @@ def simulate(
         )
     dtype = jnp.promote_types(gauss.mean.dtype, jnp.result_type(float))
     mean0, cov0 = gauss.mean.astype(dtype), gauss.cov.astype(dtype)
-    sub = save_times(saveat, t0, t1, dtype)
-    log_thr = math.log(blowup_threshold) + jnp.log(jnp.linalg.eigvalsh(cov0)[-1])
-    # Times, thresholds and tolerances as arrays: the jitted solve is traced once
-    # per (attention structure, d, max_steps), not once per call.
+    if is_traced(cov0):
+        top = jnp.linalg.eigvalsh(cov0)[-1]
+    else:  # on the host: no small eager program to compile
+        top = float(np.linalg.eigvalsh(np.asarray(cov0, np.float64))[-1])
+    log_thr = jnp.asarray(math.log(blowup_threshold) + jnp.log(top), dtype)
+    # The solver clock (`_clock`): its length and the save fractions are static,
+    # times, thresholds and tolerances traced arrays; the jitted solve is traced
+    # once per (attention structure, d, clock, max_steps), not once per call.
     return _solve(
         mean0,
         cov0,
         attn,
         jnp.asarray(t0, dtype),
         jnp.asarray(t1, dtype),
-        sub,
+        save_fractions(saveat, float(t0), float(t1)),
+        None if saveat is None else jnp.asarray(saveat, dtype),
         log_thr,
         jnp.asarray(float(rtol), dtype),
         jnp.asarray(float(atol), dtype),
+        length=clock_length(t0, t1),
         max_steps=int(max_steps),
     )
 
 
 @eqx.filter_jit
 def _solve(
-    mean0, cov0, attn, t0, t1, sub, log_thr, rtol, atol, *, max_steps
+    mean0, cov0, attn, t0, t1, fractions, ts, log_thr, rtol, atol, *, length, max_steps
 ) -> GaussianSolution:
-    """The diffrax solve of `simulate` (arguments validated there)."""
+    """The diffrax solve of `simulate` on the solver clock (validated there)."""
     dtype = mean0.dtype
+    rate = (t1 - t0) / length  # dt/ds
+    if fractions is None:
+        sub = dfx.SubSaveAt(t0=True, t1=True)
+        ts = jnp.stack([t0, t1])
+    else:
+        sub = dfx.SubSaveAt(ts=jnp.asarray(fractions, dtype) * length)
 
-    def crossed(t, y, args, **kwargs):
+    def crossed(s, y, args, **kwargs):
         # log lambda_max(Sigma) - log(threshold lambda_max(Sigma0) e^{2 int r}).
-        lam = _lambda_max(t, y)
+        lam = _lambda_max(s, y)
         value = jnp.log(jnp.maximum(lam, jnp.finfo(dtype).tiny)) - log_thr - y[2]
         return value.astype(jnp.result_type(float))
 
+    augmented = _augmented_field(attn, mean0.shape[0])
+
+    def on_clock(s, y, args):
+        return jax.tree.map(lambda v: v * rate, augmented(to_t(s, t0, rate), y, args))
+
     field = _moment_field(attn)
-    sol = dfx.diffeqsolve(
-        dfx.ODETerm(_augmented_field(attn, mean0.shape[0])),
-        dfx.Dopri8(),
-        t0,
-        t1,
-        None,
-        (mean0, cov0, jnp.zeros((), dtype)),
-        saveat=dfx.SaveAt(subs=(sub, dfx.SubSaveAt(t1=True))),
-        # Steps below 100 ulps of t cannot approach t* further (float32 near a
-        # blow-up): stop there and extrapolate, rather than stall until max_steps.
-        stepsize_controller=FlooredPIDController(rtol=rtol, atol=atol),
-        max_steps=max_steps,
-        # No root finder: the crossing step ends within O(1/threshold) of t*, and
-        # the extrapolation below does the rest (Newton on the steep interpolant
-        # near a singularity does not converge).
-        event=dfx.Event(crossed),
-        throw=False,
-    )
-    (ts, t_end), ((means, covs, _), (mean_end, cov_end, _)) = sol.ts, sol.ys
-    t_final = t_end[0]
+    with checked_on_host(fractions):
+        sol = diffeqsolve_in_jit(
+            dfx.ODETerm(on_clock),
+            dfx.Dopri8(),
+            jnp.asarray(0.0, dtype),
+            jnp.asarray(length, dtype),
+            None,
+            (mean0, cov0, jnp.zeros((), dtype)),
+            saveat=dfx.SaveAt(subs=(sub, dfx.SubSaveAt(t1=True))),
+            # Steps below 100 ulps of t cannot approach t* further (float32 near
+            # a blow-up): stop there and extrapolate, not stall until max_steps.
+            stepsize_controller=FlooredPIDController(
+                rtol=rtol, atol=atol, t_start=t0, dt_ds=rate
+            ),
+            max_steps=max_steps,
+            # No root finder: the crossing step ends within O(1/threshold) of t*,
+            # and the extrapolation below does the rest (Newton on the steep
+            # interpolant near a singularity does not converge).
+            event=dfx.Event(crossed),
+            throw=False,
+        )
+    (s_saved, s_end), ((means, covs, _), (mean_end, cov_end, _)) = sol.ts, sol.ys
+    ts = jnp.where(jnp.isfinite(s_saved), ts.astype(dtype), jnp.inf)
+    t_final = jnp.where(s_end[0] == length, t1, to_t(s_end[0], t0, rate))
     remaining = _time_to_singularity(field, t_final, (mean_end[0], cov_end[0]))
     # A collapsed step size is a blow-up only if lambda_max follows a power law
     # whose singularity is within 1000 minimal steps; otherwise the run is merely

@@ -1,0 +1,134 @@
+"""First call of `mf.simulate`, `mf.gaussian.simulate` and `mf.layers` in a fresh process.
+
+Each case runs in its own Python process (imports included in nothing: the clock
+starts after `import meanfield` and the data are built) and times the first call,
+split by JAX's own events into tracing, lowering to MLIR and XLA compilation.
+Every case runs twice against one persistent-cache directory: "cold" (empty
+directory: what a first run pays) and "warm" (the same programs compiled by the
+cold run: what every later process pays); "no cache" runs with
+MEANFIELD_COMPILATION_CACHE=0. Repeated calls of `mf.layers` are timed too (it
+used to recompile on every call).
+
+    python benchmarks/first_call.py                  # writes out/benchmarks/first_call.json
+    python benchmarks/first_call.py --out benchmarks/results   # the committed table
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CASES = {
+    # The issue's case: n = 256 tokens on S^2, t1 = 20, 101 saves.
+    "simulate": """
+import numpy as np, jax.numpy as jnp
+g = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
+mu = mf.Particles(g / np.linalg.norm(g, axis=1, keepdims=True))
+eye = np.eye(3, dtype=np.float32)
+call = lambda: mf.simulate(mu, mf.SoftmaxAttention(eye, A=eye), 20.0,
+    saveat=np.linspace(0, 20, 101), normalization="sphere").x
+""",
+    "gaussian.simulate": """
+import numpy as np
+gauss = mf.Gaussian(np.zeros(2), np.eye(2))
+attn = mf.SoftmaxAttention(np.eye(2), A=np.array([[0.8, 0.1], [0.0, -0.5]]))
+call = lambda: mf.gaussian.simulate(gauss, attn, 5.0).cov
+""",
+    "layers": """
+import numpy as np
+g = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
+mu = mf.Particles(g / np.linalg.norm(g, axis=1, keepdims=True))
+eye = np.eye(3, dtype=np.float32)
+call = lambda: mf.layers(mu, mf.SoftmaxAttention(eye, A=eye), 20,
+    normalization="sphere").x
+""",
+}
+
+CHILD = """
+import json, time, jax
+events = {}
+def listen(name, secs, **kw):
+    events[name] = events.get(name, 0.0) + secs
+jax.monitoring.register_event_duration_secs_listener(listen)
+import meanfield as mf
+%s
+start = time.perf_counter()
+jax.block_until_ready(call())
+first = time.perf_counter() - start
+again = []
+for _ in range(3):
+    start = time.perf_counter()
+    jax.block_until_ready(call())
+    again.append(time.perf_counter() - start)
+short = lambda k: sum(v for n, v in events.items() if n.endswith(k))
+print(json.dumps(dict(first_s=first, repeat_s=again,
+    trace_s=short("jaxpr_trace_duration"),
+    lower_s=short("jaxpr_to_mlir_module_duration"),
+    compile_s=short("backend_compile_duration"),
+    cache_retrieval_s=short("cache_retrieval_time_sec"))))
+"""
+
+
+def _run(case: str, cache: str | None) -> dict:
+    env = dict(os.environ)
+    env["MEANFIELD_COMPILATION_CACHE"] = cache if cache is not None else "0"
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD % CASES[case]],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--out", default="out/benchmarks", help="output directory (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="fresh processes per case and setting; medians reported (default: 3)",
+    )
+    args = parser.parse_args()
+    results = {}
+    for case in CASES:
+        rows = {"no cache": [], "cold": [], "warm": []}
+        for _ in range(args.repeats):
+            rows["no cache"].append(_run(case, None))
+            with tempfile.TemporaryDirectory() as cache:
+                rows["cold"].append(_run(case, cache))
+                rows["warm"].append(_run(case, cache))
+        results[case] = {
+            setting: {
+                key: statistics.median(r[key] for r in runs)
+                for key in ("first_s", "trace_s", "lower_s", "compile_s")
+            }
+            | {"repeat_s": statistics.median(min(r["repeat_s"]) for r in runs)}
+            for setting, runs in rows.items()
+        }
+        for setting, row in results[case].items():
+            print(
+                f"{case:18s} {setting:8s} first call {row['first_s']:5.2f} s "
+                f"(trace {row['trace_s']:.2f}, lower {row['lower_s']:.2f}, "
+                f"compile {row['compile_s']:.2f}); repeated call {row['repeat_s']:.3f} s"
+            )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "first_call.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(dict(repeats=args.repeats, cases=results), indent=1))
+    tmp.replace(path)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
