@@ -5,6 +5,11 @@ import os
 import subprocess
 import sys
 
+import jax
+import numpy as np
+
+import meanfield as mf
+
 # A fresh process: imports meanfield, runs one small solve, reports where the
 # cache is and how many compiled programs it loaded from disk.
 PROBE = """
@@ -49,3 +54,35 @@ def test_cache_directory_and_opt_out(tmp_path):
     assert any(chosen.iterdir())
     off = _probe(tmp_path, MEANFIELD_COMPILATION_CACHE="0")
     assert off["dir"] is None and not (tmp_path / "xdg" / "meanfield").exists()
+
+
+def _holds_callback(run) -> bool:
+    text = jax.jit(run).lower().as_text()
+    return "callback" in text
+
+
+def test_solves_hold_no_host_callback():
+    # JAX's persistent cache never keeps a program with a host callback, and
+    # diffrax checks traced save times with one: the solver clock makes them
+    # compile-time constants (meanfield/_clock.py).
+    x = np.random.default_rng(0).normal(size=(6, 2))
+    mu, attn = mf.Particles(x), mf.SoftmaxAttention(np.eye(2), A=np.eye(2))
+    saves = np.linspace(0.0, 2.0, 5)
+    gauss = mf.Gaussian(np.zeros(2), np.eye(2))
+    runs = {
+        "default": lambda: mf.simulate(mu, attn, 2.0).x,
+        "saveat, sphere": lambda: mf.simulate(
+            mu, attn, 2.0, saveat=saves, normalization="sphere"
+        ).x,
+        "fixed step": lambda: mf.simulate(
+            mu, attn, 2.0, solver="euler", dt0=0.1, saveat=saves
+        ).x,
+        "gaussian": lambda: mf.gaussian.simulate(gauss, attn, 2.0, saveat=saves).cov,
+        "layers": lambda: mf.layers(mu, attn, 4).x,
+    }
+    held = [name for name, run in runs.items() if _holds_callback(run)]
+    assert held == []
+    # A parameter given as a function of t keeps its runtime check (a callback):
+    # such solves work, only without the persistent cache.
+    timed = mf.SoftmaxAttention(lambda t: np.eye(2) * (1 + t), A=np.eye(2))
+    assert _holds_callback(lambda: mf.simulate(mu, timed, 2.0).x)
