@@ -1,16 +1,16 @@
-"""First call of `mf.simulate`, `mf.gaussian.simulate` and `mf.layers` in a fresh process.
+"""First call of `mf.simulate`, `mf.gaussian.simulate`, `mf.layers` in a fresh process.
 
-Each case runs in its own Python process (imports included in nothing: the clock
-starts after `import meanfield` and the data are built) and times the first call,
-split by JAX's own events into tracing, lowering to MLIR and XLA compilation.
+Each case runs in its own Python process and times the first call (the clock
+starts after `import meanfield` and after the data are built), split by JAX's own
+events into tracing, lowering to MLIR and XLA compilation.
 Every case runs twice against one persistent-cache directory: "cold" (empty
 directory: what a first run pays) and "warm" (the same programs compiled by the
 cold run: what every later process pays); "no cache" runs with
 MEANFIELD_COMPILATION_CACHE=0. Repeated calls of `mf.layers` are timed too (it
 used to recompile on every call).
 
-    python benchmarks/first_call.py                  # writes out/benchmarks/first_call.json
-    python benchmarks/first_call.py --out benchmarks/results   # the committed table
+    python benchmarks/first_call.py    # out/benchmarks/first_call_<platform>.json
+    python benchmarks/first_call.py --out benchmarks/results   # the committed one
 """
 
 import argparse
@@ -65,7 +65,7 @@ for _ in range(3):
     jax.block_until_ready(call())
     again.append(time.perf_counter() - start)
 short = lambda k: sum(v for n, v in events.items() if n.endswith(k))
-print(json.dumps(dict(first_s=first, repeat_s=again,
+print(json.dumps(dict(first_s=first, repeat_s=again, platform=jax.default_backend(),
     trace_s=short("jaxpr_trace_duration"),
     lower_s=short("jaxpr_to_mlir_module_duration"),
     compile_s=short("backend_compile_duration"),
@@ -89,7 +89,9 @@ def _run(case: str, cache: str | None) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--out", default="out/benchmarks", help="output directory (default: %(default)s)"
+        "--out",
+        default="out/benchmarks",
+        help="output directory (default: %(default)s)",
     )
     parser.add_argument(
         "--repeats",
@@ -98,7 +100,7 @@ def main() -> int:
         help="fresh processes per case and setting; medians reported (default: 3)",
     )
     args = parser.parse_args()
-    results = {}
+    results, platform = {}, "cpu"
     for case in CASES:
         rows = {"no cache": [], "cold": [], "warm": []}
         for _ in range(args.repeats):
@@ -106,6 +108,7 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as cache:
                 rows["cold"].append(_run(case, cache))
                 rows["warm"].append(_run(case, cache))
+        platform = rows["warm"][0]["platform"]
         results[case] = {
             setting: {
                 key: statistics.median(r[key] for r in runs)
@@ -118,11 +121,12 @@ def main() -> int:
             print(
                 f"{case:18s} {setting:8s} first call {row['first_s']:5.2f} s "
                 f"(trace {row['trace_s']:.2f}, lower {row['lower_s']:.2f}, "
-                f"compile {row['compile_s']:.2f}); repeated call {row['repeat_s']:.3f} s"
+                f"compile {row['compile_s']:.2f}); "
+                f"repeated call {row['repeat_s']:.3f} s"
             )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "first_call.json"
+    path = out / f"first_call_{platform}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(dict(repeats=args.repeats, cases=results), indent=1))
     tmp.replace(path)
