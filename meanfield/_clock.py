@@ -7,8 +7,8 @@ the times are staged, which they always are inside a jit. So `simulate` and
 `gaussian.simulate` integrate in s on [0, L], L = 2^round(log2(t1 - t0)):
 - the save fractions (t_k - t0) / (t1 - t0) are checked here on the host and
   become compile-time constants, rounded to FRACTION_DIGITS digits so that equal
-  grids (the segments of one run, any horizon of `linspace` saves) share one
-  compilation; diffrax's repeat of the check is then compiled without its
+  grids (the equal segments of one run, `linspace` saves over horizons with the
+  same L) share one compilation; diffrax's repeat of the check is then compiled without its
   callback (`checked_on_host`);
 - t0 and t1 stay traced: a new interval of about the same length (within a
   factor sqrt(2) of L) reuses the compiled solve.
