@@ -8,8 +8,8 @@ the times are staged, which they always are inside a jit. So `simulate` and
 - the save fractions (t_k - t0) / (t1 - t0) are checked here on the host and
   become compile-time constants, rounded to FRACTION_DIGITS digits so that equal
   grids (the equal segments of one run, `linspace` saves over horizons with the
-  same L) share one compilation; diffrax's repeat of the check is then compiled without its
-  callback (`checked_on_host`);
+  same L) share one compilation; diffrax's repeat of the check is then compiled
+  without its callback (`checked_on_host`);
 - t0 and t1 stay traced: a new interval of about the same length (within a
   factor sqrt(2) of L) reuses the compiled solve.
 dt/ds = (t1 - t0) / L is within a factor sqrt(2) of 1, so the field, the step

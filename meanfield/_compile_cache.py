@@ -11,6 +11,8 @@ Settings, read once when the engine is first used:
   alone (off unless the caller configured it);
 - `MEANFIELD_COMPILATION_CACHE=/some/dir`: use that directory;
 - unset: `$XDG_CACHE_HOME/meanfield/jax` (default `~/.cache/meanfield/jax`).
+In meanfield's directory the cache holds at most MAX_BYTES (2 GiB; least recently
+used programs are evicted).
 A directory the caller already gave JAX (`jax_compilation_cache_dir`) always wins.
 """
 
@@ -24,6 +26,9 @@ _OFF = ("0", "off", "false", "no")
 #: Cache programs whose compilation took at least this long. JAX's default (1 s)
 #: would skip most of a study's programs, which compile in 0.1-1 s each.
 MIN_COMPILE_SECONDS = 0.1
+#: Disk budget of meanfield's cache directory: JAX evicts the least recently used
+#: programs beyond it (its own default is unbounded).
+MAX_BYTES = 2 * 1024**3
 
 _state: dict = {}
 
@@ -64,6 +69,7 @@ def enable() -> Path | None:
             jax.config.update(
                 "jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS
             )
+            jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
         else:
             path = None
     _state["dir"] = path

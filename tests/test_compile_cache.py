@@ -23,7 +23,8 @@ import meanfield as mf
 x = np.random.default_rng(0).normal(size=(6, 2))
 sol = mf.simulate(mf.Particles(x), mf.SoftmaxAttention(np.eye(2), A=np.eye(2)), 1.0)
 print(json.dumps({"dir": jax.config.jax_compilation_cache_dir, "hits": len(hits),
-                  "status": sol.status}))
+                  "status": sol.status,
+                  "max_size": jax.config.jax_compilation_cache_max_size}))
 """
 
 
@@ -41,6 +42,7 @@ def test_cache_is_on_by_default_and_a_second_process_loads_from_it(tmp_path):
     first = _probe(tmp_path)
     where = tmp_path / "xdg" / "meanfield" / "jax"
     assert first["dir"] == str(where) and first["status"] == "success"
+    assert first["max_size"] == 2 * 1024**3  # bounded, unlike JAX's default
     assert any(where.iterdir())  # compiled programs were written
     second = _probe(tmp_path)
     assert second["hits"] > 0 and second["status"] == "success"
@@ -71,12 +73,12 @@ def test_solves_hold_no_host_callback():
     gauss = mf.Gaussian(np.zeros(2), np.eye(2))
     runs = {
         "default": lambda: mf.simulate(mu, attn, 2.0).x,
-        "saveat, sphere": lambda: mf.simulate(
-            mu, attn, 2.0, saveat=saves, normalization="sphere"
-        ).x,
-        "fixed step": lambda: mf.simulate(
-            mu, attn, 2.0, solver="euler", dt0=0.1, saveat=saves
-        ).x,
+        "saveat, sphere": lambda: (
+            mf.simulate(mu, attn, 2.0, saveat=saves, normalization="sphere").x
+        ),
+        "fixed step": lambda: (
+            mf.simulate(mu, attn, 2.0, solver="euler", dt0=0.1, saveat=saves).x
+        ),
         "gaussian": lambda: mf.gaussian.simulate(gauss, attn, 2.0, saveat=saves).cov,
         "layers": lambda: mf.layers(mu, attn, 4).x,
     }
