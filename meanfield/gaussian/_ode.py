@@ -204,10 +204,10 @@ def simulate(
     dtype = jnp.promote_types(gauss.mean.dtype, jnp.result_type(float))
     mean0, cov0 = gauss.mean.astype(dtype), gauss.cov.astype(dtype)
     if is_traced(cov0):
-        top = jnp.linalg.eigvalsh(cov0)[-1]
+        log_top = jnp.log(jnp.linalg.eigvalsh(cov0)[-1])
     else:  # on the host: no small eager program to compile
-        top = float(np.linalg.eigvalsh(np.asarray(cov0, np.float64))[-1])
-    log_thr = jnp.asarray(math.log(blowup_threshold) + jnp.log(top), dtype)
+        log_top = math.log(float(np.linalg.eigvalsh(np.asarray(cov0, np.float64))[-1]))
+    log_thr = jnp.asarray(math.log(blowup_threshold) + log_top, dtype)
     # The solver clock (`_clock`): its length and the save fractions are static,
     # times, thresholds and tolerances traced arrays; the jitted solve is traced
     # once per (attention structure, d, clock, max_steps), not once per call.
