@@ -186,9 +186,11 @@ def _check_start_inside(x, blowup_radius) -> None:
 
 
 def _final_result(dfx_result, event_mask, flags):
-    """Map diffrax's result and our flags to a meanfield result code."""
-    leaves = [] if event_mask is None else jax.tree.leaves(event_mask)
-    hit_event = jnp.any(jnp.stack(leaves)) if leaves else False
+    """Map diffrax's result and our flags to a meanfield result code.
+
+    `event_mask` is the single stop condition's (`_solve`): True when it fired.
+    """
+    hit_event = jnp.asarray(event_mask)
     code = jnp.where(
         dfx_result == dfx.RESULTS.max_steps_reached, _status.MAX_STEPS, _status.FAILED
     )

@@ -10,6 +10,7 @@ start t: the resolution the time grid really has there, the same on any horizon.
 from __future__ import annotations
 
 import diffrax as dfx
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -28,16 +29,17 @@ class FlooredPIDController(dfx.PIDController):
 
     It ends the solve with `RESULTS.dt_min_reached` when the next step would be
     shorter than `step_floor` at its start. Use it without `dtmin`: the floor
-    replaces diffrax's fixed one. On the solver clock (`_clock`) the solver's
-    time is s and t = t_start + s dt_ds: the floor is taken at t, converted to s.
+    replaces diffrax's fixed one. The solver's time is s on the solver clock
+    (`_clock`), t = t_start + s dt_ds: the floor is taken at t, converted to s.
 
     Attributes:
-        t_start: t at solver time 0 (None: the solver's time is t).
-        dt_ds: dt/ds (None: 1).
+        t_start: t at solver time 0.
+        dt_ds: dt/ds.
     """
 
-    t_start: jax.Array | None = None
-    dt_ds: jax.Array | None = None
+    # Keyword-only and required: PIDController's own fields all have defaults.
+    t_start: jax.Array = eqx.field(kw_only=True)
+    dt_ds: jax.Array = eqx.field(kw_only=True)
 
     def adapt_step_size(
         self, t0, t1, y0, y1_candidate, args, y_error, error_order, state
@@ -45,12 +47,8 @@ class FlooredPIDController(dfx.PIDController):
         keep, next_t0, next_t1, jump, state, result = super().adapt_step_size(
             t0, t1, y0, y1_candidate, args, y_error, error_order, state
         )
-        dtype = jnp.result_type(next_t0)
-        if self.t_start is None:
-            floor = step_floor(next_t0, dtype)
-        else:
-            floor = step_floor(self.t_start + next_t0 * self.dt_ds, dtype)
-            floor = floor / self.dt_ds
+        t = self.t_start + next_t0 * self.dt_ds
+        floor = step_floor(t, jnp.result_type(next_t0)) / self.dt_ds
         too_short = (next_t1 - next_t0) < floor
         result = dfx.RESULTS.where(too_short, dfx.RESULTS.dt_min_reached, result)
         return keep, next_t0, next_t1, jump, state, result
