@@ -5,6 +5,7 @@ BLOWUP = 1
 MAX_STEPS = 2
 SINKHORN_NOT_CONVERGED = 3
 FAILED = 4
+STATIONARY = 5
 
 NAMES = {
     SUCCESS: "success",
@@ -12,6 +13,7 @@ NAMES = {
     MAX_STEPS: "max_steps",
     SINKHORN_NOT_CONVERGED: "sinkhorn_not_converged",
     FAILED: "failed",
+    STATIONARY: "stationary",
 }
 
 

@@ -1,40 +1,57 @@
 """Batched blow-up studies and particle cross-checks of the Gaussian moment ODE."""
 
+import math
 from collections.abc import Mapping
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
 
 from .. import _status
 from .._attention.base import AbstractAttention
+from .._checks import check_finite_times, check_tolerances
 from .._dynamics import simulate as simulate_particles
 from .._linalg import safe_eigh
 from .._measures import Gaussian
+from .._queue_solver import OUT_OF_STEPS, STEP_UNDERFLOW, solve_queue
+from . import _scale_shape
 from ._ode import GaussianSolution
 from ._ode import simulate as simulate_gaussian
+from ._velocity import check_supported
 
 
 class BlowupStudy(eqx.Module):
-    """Blow-up times of a batch of parameter sets, per attention variant.
+    """Fate of a batch of parameter sets on [t0, t_max], per attention variant.
+
+    Every run ends in one class (`status`):
+    - "blowup": lambda_max(Sigma) diverges at `times` <= t_max;
+    - "stationary": Sigma stopped moving before t_max (|Sigma'| (t_max - t) below
+      the tolerance): a steady, typically rank-deficient Gaussian (clustering);
+    - "success": reached t_max; `rate` says whether Sigma grows (> 0) or contracts
+      (< 0) there;
+    - "max_steps" / "failed": not classified (step budget; non-finite field).
 
     Attributes:
         t_max: the horizon of the study.
-        times: variant name -> blow-up times (batch,), +inf if none on [0, t_max].
-        fraction: variant name -> fraction of the batch that blows up (runs that
-            ended with another status, see `status`, count as not blowing up).
-        rank: variant name -> numerical rank (batch,) of Sigma(t_max) /
-            lambda_max(Sigma(t_max)) for the runs that did not blow up (-1 for those
-            that did or whose solve failed).
-        status: variant name -> result codes (batch,) (see `mf.gaussian.simulate`).
+        times: variant name -> blow-up times (batch,), +inf for no blow-up.
+        fraction: variant name -> fraction of the batch that blows up.
+        rank: variant name -> numerical rank (batch,) of Sigma at the end (relative
+            to its top eigenvalue, `rank_rtol`); -1 for blow-ups and failures.
+        rate: variant name -> exponential rate d log tr Sigma / dt at the end
+            (batch,); +inf for blow-ups, NaN for failures.
+        status: variant name -> result codes (batch,); `classes(name)` counts them by name.
+        steps: variant name -> solver steps per run (batch,).
     """
 
     t_max: float
     times: dict
     fraction: dict
     rank: dict
+    rate: dict
     status: dict
+    steps: dict
 
 
 def numerical_rank(cov: Float[Array, "d d"], rtol: float) -> Int[Array, ""]:
@@ -43,90 +60,262 @@ def numerical_rank(cov: Float[Array, "d d"], rtol: float) -> Int[Array, ""]:
     return jnp.sum(lam > rtol * lam[-1])
 
 
-def _chunked(fn, batched, chunk_size: int):
-    """Apply a vmapped `fn` to a batched pytree in chunks (last chunk padded)."""
-    leaves = [leaf for leaf in jax.tree.leaves(batched) if eqx.is_array(leaf)]
-    if not leaves:
-        raise ValueError("`attns` must hold arrays with a leading batch axis.")
-    size = leaves[0].shape[0]
-    outs = []
-    for start in range(0, size, chunk_size):
-        stop = min(start + chunk_size, size)
-        idx = jnp.minimum(jnp.arange(start, start + chunk_size), size - 1)
-        chunk = jax.tree.map(
-            lambda a, idx=idx: a[idx] if eqx.is_array(a) else a, batched
-        )
-        outs.append(jax.tree.map(lambda o, k=stop - start: o[:k], fn(chunk)))
-    return jax.tree.map(lambda *o: jnp.concatenate(o), *outs)
-
-
 def blowup_times(
     gauss: Gaussian,
     attns: Mapping[str, AbstractAttention] | AbstractAttention,
     t_max: float,
     *,
+    t0: float = 0.0,
     rank_rtol: float = 1e-3,
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
-    max_steps: int = 10_000,
-    blowup_threshold: float = 1e8,
-    chunk_size: int = 512,
+    rtol: float | None = None,
+    atol: float | None = None,
+    max_steps: int = 4000,
+    blowup_threshold: float = 1e16,
+    stationary_tol: float = 1e-6,
+    slots: int = 256,
+    chunk_size: int = 65_536,
+    progress: bool = False,
 ) -> BlowupStudy:
-    """Blow-up time of the Gaussian moment ODE for a batch of parameter sets.
+    """Classify the covariance ODE of a batch of parameter sets (blow-up studies).
 
     Each attention carries a leading batch axis on every array leaf, e.g.
-    `jax.vmap(lambda A, V: mf.SoftmaxAttention(V, A=A))(As, Vs)`; the solves run
-    under one `jax.vmap` per variant. This is the study of Castin, Ablin, Carrillo
-    & Peyre (2025), section on Gaussian blow-up, for any number of parameter sets.
+    `jax.vmap(lambda A, V: mf.SoftmaxAttention(V, A=A))(As, Vs)`. This is the study
+    of Castin, Ablin, Carrillo & Peyre (2025), section on Gaussian blow-up, for any
+    number of parameter sets. Only Sigma is solved (its ODE does not involve the
+    mean), in scale-shape coordinates on a rate clock (docs/math.md §3), by an
+    adaptive Dormand-Prince 5(4) over a work queue: `slots` runs step together and a
+    finished run hands its slot to the next one.
 
-    The limiting covariance of a run that converges loses rank (clustering): its
-    eigenvalues in directions where the dynamics contract decay like 1/t (docs/math.md
-    section 3), so the numerical rank at t_max is counted relative to rank_rtol;
-    choose t_max >> 1 / (rank_rtol * |lambda(M)|).
+    A run blows up when tr Sigma exceeds blowup_threshold times its blow-up-free
+    bound (tr Sigma0 e^{2 int r}, see `mf.gaussian.simulate`) and the singularity
+    is imminent: with l = log tr Sigma, the remaining time l' / l'' is below 1e-3
+    of the elapsed time, and l'^2 / l'' (the exponent p of Sigma ~ (t* - t)^{-p})
+    lies in [0.2, 20]. The reported time is t + l'/l'' at that state (l'' exact,
+    by forward differentiation), accurate to O((t* - t)^2). A huge Sigma that stops
+    growing is not a blow-up: it ends "stationary" or reaches t_max. "stationary"
+    means |Sigma'| / |Sigma| (t_max - t) <= stationary_tol + 64 eps |B|_F (t_max - t),
+    the second term being the rounding floor of Sigma' at that state.
 
     Args:
-        gauss: the initial Gaussian, shared by every run.
+        gauss: the initial Gaussian, shared by every run (only its covariance
+            matters).
         attns: {variant name: batched attention}, or one batched attention.
         t_max: horizon.
+        t0: initial time (for time-dependent parameters).
         rank_rtol: relative eigenvalue threshold of the numerical rank.
-        rtol: relative tolerance of each solve.
-        atol: absolute tolerance of each solve.
-        max_steps: step budget of each solve.
-        blowup_threshold: see `mf.gaussian.simulate`.
-        chunk_size: runs solved together under one vmap. A vmapped adaptive solve
-            steps in lockstep until its slowest member ends, so chunks bound the
-            cost of a few stiff runs (and very large vmapped batches of diffrax
-            solves were seen to stall on CPU).
+        rtol: relative tolerance of each solve (default 1e-8 in float64, 1e-5 in
+            float32).
+        atol: absolute tolerance of each solve, S having trace 1 (default rtol / 100).
+        max_steps: step budget of each run (status "max_steps" beyond).
+        blowup_threshold: factor over the blow-up-free growth bound.
+        stationary_tol: relative change of Sigma up to t_max below which a run is
+            stationary.
+        slots: runs stepped together.
+        chunk_size: runs per compiled call (bounds memory: the states of one chunk).
+        progress: print a progress bar over the chunks (tqdm).
 
     Returns:
         A `BlowupStudy`.
+
+    Raises:
+        ValueError: bad horizon, tolerances or attention.
     """
     if not isinstance(attns, Mapping):
         attns = {type(attns).__name__: attns}
-
-    def one(attn):
-        sol = simulate_gaussian(
-            gauss,
-            attn,
-            t_max,
-            rtol=rtol,
-            atol=atol,
-            max_steps=max_steps,
-            blowup_threshold=blowup_threshold,
-        )
-        rank = numerical_rank(sol.cov[-1], rank_rtol)
-        rank = jnp.where(sol.result == _status.SUCCESS, rank, -1)
-        return sol.blowup_time, rank, sol.result
-
-    run_chunk = jax.jit(jax.vmap(one))
-    times, fraction, rank, status = {}, {}, {}, {}
-    for name, attn in attns.items():
-        t, r, s = _chunked(run_chunk, attn, chunk_size)
-        times[name], rank[name], status[name] = t, r, s
-        fraction[name] = float(jnp.mean(jnp.isfinite(t)))
-    return BlowupStudy(
-        t_max=float(t_max), times=times, fraction=fraction, rank=rank, status=status
+    check_finite_times(t0=t0, t_max=t_max)
+    dtype = jnp.promote_types(gauss.mean.dtype, jnp.result_type(float))
+    if rtol is None:
+        rtol = 1e-8 if dtype == jnp.float64 else 1e-5
+    if atol is None:
+        atol = rtol / 100
+    check_tolerances(rtol, atol)
+    if not float(t_max) > float(t0):
+        raise ValueError(f"`t_max` must exceed `t0`; got t0={t0}, t_max={t_max}.")
+    for label, value in (
+        ("blowup_threshold", blowup_threshold),
+        ("stationary_tol", stationary_tol),
+    ):
+        if not value > 0:
+            raise ValueError(f"`{label}` must be positive; got {value}.")
+    for label, value in (("slots", slots), ("chunk_size", chunk_size)):
+        if int(value) < 1:
+            raise ValueError(f"`{label}` must be a positive integer; got {value}.")
+    d = gauss.dim
+    cov0 = np.asarray(gauss.cov, np.float64)
+    settings = dict(
+        t0=float(t0),
+        t_max=float(t_max),
+        log_threshold=math.log(blowup_threshold),
+        stationary_tol=float(stationary_tol),
+        rank_rtol=float(rank_rtol),
+        rtol=float(rtol),
+        atol=float(atol),
     )
+    times, fraction, rank, rate, status, steps = {}, {}, {}, {}, {}, {}
+    for name, attn in attns.items():
+        check_supported(
+            jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, attn), gauss
+        )
+        arrays, static = eqx.partition(attn, eqx.is_array)
+        leaves = jax.tree.leaves(arrays)
+        if not leaves:
+            raise ValueError("`attns` must hold arrays with a leading batch axis.")
+        size = leaves[0].shape[0]
+        parts = []
+        starts = range(0, size, chunk_size)
+        if progress:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc=f"blowup_times {name}", unit="chunk")
+        for start in starts:
+            stop = min(start + chunk_size, size)
+            chunk = jax.tree.map(lambda a, i=start, j=stop: a[i:j], arrays)
+            parts.append(
+                _classify(
+                    chunk,
+                    static,
+                    jnp.asarray(cov0, dtype),
+                    **settings,
+                    slots=int(slots),
+                    max_steps=int(max_steps),
+                )
+            )
+        t, r, g, s, n = (np.concatenate(p) for p in zip(*parts, strict=True))
+        times[name], rank[name], rate[name], status[name], steps[name] = t, r, g, s, n
+        fraction[name] = float(np.mean(s == _status.BLOWUP))
+    return BlowupStudy(
+        t_max=float(t_max),
+        times=times,
+        fraction=fraction,
+        rank=rank,
+        rate=rate,
+        status=status,
+        steps=steps,
+    )
+
+
+# The stop rule's codes (> 0 ends a run) and the queue's, as result codes.
+_REACHED, _STATIONARY, _BLOWUP, _OVERFLOW = 1, 2, 3, 4
+_CODES = {
+    _REACHED: _status.SUCCESS,
+    _STATIONARY: _status.STATIONARY,
+    _BLOWUP: _status.BLOWUP,
+    _OVERFLOW: _status.FAILED,
+    OUT_OF_STEPS: _status.MAX_STEPS,
+    STEP_UNDERFLOW: _status.FAILED,
+}
+
+
+@eqx.filter_jit
+def _classify(
+    arrays,
+    static,
+    cov0,
+    *,
+    t0,
+    t_max,
+    log_threshold,
+    stationary_tol,
+    rank_rtol,
+    rtol,
+    atol,
+    slots,
+    max_steps,
+):
+    """Queue solve of one chunk: (times, rank, rate, status, steps) as arrays."""
+    dtype = cov0.dtype
+    d = cov0.shape[0]
+    eps = jnp.finfo(dtype).eps
+    n = jax.tree.leaves(arrays)[0].shape[0]
+    y0 = jnp.broadcast_to(
+        _scale_shape.pack(cov0, jnp.asarray(t0, dtype), dtype), (n, d * d + 3)
+    )
+    ell0 = y0[0, d * d]
+    big = math.log(jnp.finfo(dtype).max) / 2  # e^l and |B| stay representable
+    attn_of = lambda p: eqx.combine(p, static)  # noqa: E731
+    i_ell, i_t = d * d, d * d + 1
+
+    def field(y, p):
+        return _scale_shape.clock_field(y, attn_of(p), d)
+
+    def stop(y, f, y_prev, f_prev, p):
+        S, ell, t, beta = _scale_shape.unpack(y, d)
+        dt_ds = f[i_t]
+        speed = 1 / dt_ds - 1  # |B|_F
+        dl = f[i_ell] / dt_ds
+        dl_prev = f_prev[i_ell] / f_prev[i_t]
+        # Two-point fit of l = c - p log(t* - t) over the last step, from l and l'
+        # only (close to t*, t itself stops resolving the steps): with
+        # q = l'(s) / l'(s_prev) > 1, p = (l - l_prev) / log q and t* - t = p / l'.
+        q = dl / jnp.where(dl_prev > 0, dl_prev, 1)
+        growing = (dl_prev > 0) & (q > 1) & (ell > y_prev[i_ell])
+        power = (ell - y_prev[i_ell]) / jnp.log(jnp.where(growing, q, 2))
+        remaining = power / jnp.where(growing, dl, 1)
+        blowup = (
+            (ell - ell0 - beta >= log_threshold)
+            & growing
+            & (remaining <= 1e-3 * (t - t0 + remaining))
+            & (power >= 0.05)
+            & (power <= 50)
+            & (t + remaining <= t_max)
+        )
+        # Stationary: Sigma' would move Sigma by less than stationary_tol over the
+        # whole study (beyond the rounding floor of Sigma', 64 eps |B|), or its rate
+        # on the solver clock, |dSigma/ds| / |Sigma|, is below the solve's own
+        # resolution rtol + atol (a huge steady Sigma: there |B| >> 1 and the
+        # residual in t is the state's error times |B|).
+        span = t_max - t0
+        dS = f[: d * d].reshape(d, d) / dt_ds
+        drift = jnp.linalg.norm(dS + dl * S) / jnp.linalg.norm(S)
+        horizon = t >= t_max - 1e-12 * max(abs(t_max), span)
+        stationary = ~horizon & (
+            (drift * span <= stationary_tol + 64 * eps * speed * span)
+            | (drift * dt_ds <= rtol + atol)
+        )
+        code = jnp.where(horizon, _REACHED, 0)  # 0: go on (the queue's convention)
+        code = jnp.where(stationary, _STATIONARY, code)
+        code = jnp.where(blowup, _BLOWUP, code)
+        return jnp.where(ell > big, _OVERFLOW, code).astype(jnp.int32)
+
+    def max_step(y, f, p):
+        # Land on t_max: the step in s that covers the time left at the current dt/ds.
+        left = jnp.maximum(t_max - y[i_t], 0)
+        return jnp.where(f[i_t] > 0, left / f[i_t], jnp.inf)
+
+    out = solve_queue(
+        field,
+        stop,
+        max_step,
+        y0,
+        arrays,
+        slots=slots,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        h0=1e-3,
+        h_min=16 * eps,
+        increment_relative=jnp.arange(d * d + 3) == i_t,
+    )
+
+    def summary(y, code, p):
+        attn = attn_of(p)
+        S = _scale_shape.unpack(y, d)[0]
+        dl = _scale_shape.log_rate(y, attn, d)
+        ddl = _scale_shape.log_rate_derivative(y, attn, d)
+        blew = code == _status.BLOWUP
+        t_star = y[i_t] + dl / jnp.where(ddl > 0, ddl, 1)
+        classified = (code == _status.SUCCESS) | (code == _status.STATIONARY)
+        return (
+            jnp.where(blew, t_star, jnp.inf),
+            jnp.where(classified, numerical_rank(S, rank_rtol), -1),
+            jnp.where(blew, jnp.inf, jnp.where(classified, dl, jnp.nan)),
+        )
+
+    code = jnp.select(
+        [out.code == c for c in _CODES], list(_CODES.values()), _status.FAILED
+    )
+    times, rank, rate = jax.vmap(summary)(out.y, code, arrays)
+    return times, rank, rate, code, out.steps
 
 
 class ParticleComparison(eqx.Module):

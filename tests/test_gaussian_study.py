@@ -1,0 +1,243 @@
+"""Batched Gaussian blow-up studies: the work-queue solver and the classification.
+
+References: closed forms (V = I softmax, Castin, Ablin, Carrillo & Peyre, 2025; the
+rank-deficient L2 example of docs/math.md §3), tight single-run solves and an
+independent SciPy solve of Sigma' = V Sigma A Sigma + (transpose) in t.
+"""
+
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import meanfield as mf
+from meanfield import _status
+from meanfield._queue_solver import OUT_OF_STEPS, solve_queue
+
+# A d = 2 softmax run that collapses to a huge steady rank-one Sigma (lambda_max
+# ~ 3e9, u^T A u = 0): a threshold test alone reported it as a blow-up at t = 0.52.
+A_STEADY = np.array(
+    [
+        [-0.6661836615863911, -1.7811813665025202],
+        [-0.4440381616706501, 0.45946946291245466],
+    ]
+)
+V_STEADY = np.array(
+    [
+        [0.8882803819226119, 0.08127121787704752],
+        [-0.1263797631620064, 0.7425702431472221],
+    ]
+)
+
+
+def _softmax_batch(As, Vs):
+    return jax.vmap(lambda A, V: mf.SoftmaxAttention(V, A=A))(
+        jnp.asarray(As), jnp.asarray(Vs)
+    )
+
+
+def test_queue_solver_matches_exact_decay_and_compacts():
+    # y' = -lam y on t in [0, 1]: y(1) = e^{-lam}; rates over 3 decades, so the
+    # step counts differ and finished runs must leave their slots.
+    n, slots = 2000, 64
+    lam = jnp.asarray(np.geomspace(0.01, 30.0, n))
+    y0 = jnp.stack([jnp.ones(n), jnp.zeros(n)], axis=1)
+    out = jax.jit(
+        lambda y0, lam: solve_queue(
+            lambda y, p: jnp.stack([-p * y[0], jnp.ones_like(y[0])]),
+            lambda y, f, yp, fp, p: jnp.where(y[1] >= 1 - 1e-12, 1, 0).astype(
+                jnp.int32
+            ),
+            lambda y, f, p: jnp.maximum(1.0 - y[1], 0.0),
+            y0,
+            lam,
+            slots=slots,
+            rtol=1e-10,
+            atol=1e-12,
+            max_steps=1000,
+            h0=1e-3,
+            h_min=1e-14,
+        )
+    )(y0, lam)
+    np.testing.assert_array_equal(np.asarray(out.code), 1)
+    np.testing.assert_allclose(np.asarray(out.y[:, 1]), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        np.asarray(out.y[:, 0]), np.exp(-np.asarray(lam)), rtol=1e-8, atol=1e-12
+    )
+    np.testing.assert_allclose(np.asarray(out.dy[:, 0]), -lam * out.y[:, 0])
+    steps = np.asarray(out.steps)
+    assert steps.min() < steps.max() // 2
+    # Compaction: the loop runs about sum(steps) / slots + max(steps) times, far
+    # below the lockstep count (n / slots) * max(steps).
+    assert int(out.iterations) <= steps.sum() / slots + steps.max() + 1
+    assert int(out.iterations) < 0.6 * (n / slots) * steps.max()
+
+
+def test_queue_solver_reports_the_step_budget():
+    out = solve_queue(
+        lambda y, p: -p * y,
+        lambda y, f, yp, fp, p: jnp.int32(0),  # never stops
+        lambda y, f, p: jnp.inf,
+        jnp.ones((3, 1)),
+        jnp.ones(3),
+        slots=2,
+        rtol=1e-8,
+        atol=1e-8,
+        max_steps=25,
+        h0=1e-3,
+        h_min=1e-14,
+    )
+    np.testing.assert_array_equal(np.asarray(out.code), OUT_OF_STEPS)
+    np.testing.assert_array_equal(np.asarray(out.steps), 25)
+
+
+def test_v_identity_blowup_times_are_exact(key):
+    # V = I: P = Sigma^{-1} = P0 - t (A + A^T), so t* = 1 / lambda_max(P0^{-1/2} M
+    # P0^{-1/2}) for any Sigma0; the runs without one reach t_max ("success").
+    d, batch, t_max = 3, 200, 3.0
+    As = np.asarray(jr.normal(key, (batch, d, d))) / np.sqrt(d)
+    cov0 = np.array([[1.0, 0.3, 0.0], [0.3, 0.7, 0.1], [0.0, 0.1, 0.5]])
+    study = mf.gaussian.blowup_times(
+        mf.Gaussian(np.zeros(d), cov0),
+        _softmax_batch(As, np.broadcast_to(np.eye(d), (batch, d, d))),
+        t_max,
+    )
+    lam, U = np.linalg.eigh(cov0)
+    root = (U * np.sqrt(lam)) @ U.T
+    top = np.linalg.eigvalsh(root @ (As + np.swapaxes(As, 1, 2)) @ root)[:, -1]
+    want = np.where(top > 1 / t_max, 1 / np.maximum(top, 1e-300), np.inf)
+    got = study.times["SoftmaxAttention"]
+    status = study.status["SoftmaxAttention"]
+    finite = np.isfinite(want)
+    assert 0.2 < finite.mean() < 0.9
+    np.testing.assert_array_equal(status[finite], _status.BLOWUP)
+    np.testing.assert_array_equal(status[~finite], _status.SUCCESS)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-6)
+    assert np.all(np.isinf(got[~finite]))
+    assert study.fraction["SoftmaxAttention"] == pytest.approx(finite.mean())
+    assert np.all(study.rate["SoftmaxAttention"][finite] == np.inf)
+
+
+def test_general_v_blowup_times_match_a_tight_solve(key):
+    # No closed form: compare with the single-run moment ODE solved at rtol 1e-12.
+    d, batch = 2, 12
+    ka, kv = jr.split(key)
+    As = np.asarray(jr.normal(ka, (batch, d, d))) + np.eye(d)  # mostly blow-ups
+    Vs = np.eye(d) + 0.3 * np.asarray(jr.normal(kv, (batch, d, d)))
+    gauss = mf.Gaussian(np.zeros(d), np.eye(d))
+    study = mf.gaussian.blowup_times(gauss, _softmax_batch(As, Vs), 5.0)
+    got = study.times["SoftmaxAttention"]
+    checked = 0
+    for A, V, t_got in zip(As, Vs, got, strict=True):
+        ref = mf.gaussian.simulate(
+            gauss, mf.SoftmaxAttention(V, A=A), 5.0, rtol=1e-12, atol=1e-12
+        )
+        if ref.status == "blowup":
+            checked += 1
+            np.testing.assert_allclose(t_got, float(ref.blowup_time), rtol=1e-6)
+        else:
+            assert np.isinf(t_got)
+    assert checked >= batch // 2
+
+
+def test_rank_deficient_l2_blowup_time_is_the_closed_form():
+    # docs/math.md §3: K = [1 0], Q = [0 1], V = diag(0, 1), Sigma0 = [[a, b], [b, c]]:
+    # Sigma_22 ~ (t* - t)^{-2} with t* = (1 + 2a) / (2b): a p = 2 singularity.
+    a, b, c = 0.5, 0.4, 1.0
+    attn = mf.L2Attention(
+        np.diag([0.0, 1.0]), Q=np.array([[0.0, 1.0]]), K=np.array([[1.0, 0.0]])
+    )
+    batched = jax.tree.map(lambda x: x[None], attn)
+    study = mf.gaussian.blowup_times(
+        mf.Gaussian(np.zeros(2), np.array([[a, b], [b, c]])), {"l2": batched}, 5.0
+    )
+    assert study.status["l2"][0] == _status.BLOWUP
+    np.testing.assert_allclose(study.times["l2"][0], (1 + 2 * a) / (2 * b), rtol=1e-6)
+
+
+def _reference_scale_shape(A, V, taus):
+    """SciPy's DOP853 on Sigma = e^l S, tr S = 1, in tau (dtau = e^l dt).
+
+    Sigma' = F(Sigma) is quadratic, so dS/dtau = F(S) - g S, dl/dtau = g = tr F(S),
+    dt/dtau = e^{-l}: an independent solve (t-solvers, even stiff ones, stall on
+    this run). Returns (t, l, S) at the given tau.
+    """
+
+    def field(tau, y):
+        S = y[:4].reshape(2, 2)
+        F = V @ S @ A @ S
+        F = F + F.T
+        g = np.trace(F)
+        return np.concatenate([(F - g * S).ravel(), [g, np.exp(-y[4])]])
+
+    y0 = np.concatenate([np.eye(2).ravel() / 2, [np.log(2.0), 0.0]])
+    sol = solve_ivp(
+        field, (0, taus[-1]), y0, method="DOP853", rtol=1e-12, atol=1e-14, t_eval=taus
+    )
+    assert sol.status == 0
+    return sol.y[5], sol.y[4], sol.y[:4].T.reshape(-1, 2, 2)
+
+
+def test_huge_steady_sigma_is_stationary_not_blowup():
+    study = mf.gaussian.blowup_times(
+        mf.Gaussian(np.zeros(2), np.eye(2)),
+        _softmax_batch(A_STEADY[None], V_STEADY[None]),
+        5.0,
+    )
+    assert study.status["SoftmaxAttention"][0] == _status.STATIONARY
+    assert np.isinf(study.times["SoftmaxAttention"][0])
+    assert study.rank["SoftmaxAttention"][0] == 1
+    # The reference: log tr Sigma rises to 21.86 (3e9) near t = 0.5232 and stays
+    # there while tau (and t) go on; the shape is rank one, on the null cone of A.
+    t, ell, S = _reference_scale_shape(A_STEADY, V_STEADY, np.array([100.0, 3000.0]))
+    assert t[1] > t[0]
+    assert ell[0] > np.log(1e9)
+    assert abs(ell[1] - ell[0]) < 1e-9
+    lam, U = np.linalg.eigh(S[1])
+    assert lam[0] < 1e-12
+    u = U[:, -1]
+    assert abs(u @ A_STEADY @ u) < 1e-9
+
+
+@pytest.mark.parametrize("family", ["l2", "sinkhorn"])
+def test_bounded_families_never_blow_up(key, family):
+    # Full-rank L2 and Sinkhorn have global solutions (docs/math.md §3): no run
+    # blows up or fails, and none grows faster than the bound 2 r. (A few stiff
+    # runs still end at the step budget: the open part of the study solver.)
+    d, batch = 3, 64
+    ka, kv = jr.split(key)
+    As = jr.normal(ka, (batch, d, d)) / np.sqrt(d)
+    Vs = jnp.eye(d)[None] + jr.normal(kv, (batch, d, d)) * np.sqrt(0.1 / d)
+    make = {
+        "l2": lambda A, V: mf.L2Attention(V, Q=A, K=jnp.eye(d)),
+        "sinkhorn": lambda A, V: mf.SinkhornAttention(V, A=A),
+    }[family]
+    study = mf.gaussian.blowup_times(
+        mf.Gaussian(np.zeros(d), np.eye(d)), {family: jax.vmap(make)(As, Vs)}, 5.0
+    )
+    status = study.status[family]
+    classified = (status == _status.SUCCESS) | (status == _status.STATIONARY)
+    assert np.all(classified | (status == _status.MAX_STEPS))
+    assert classified.mean() >= 0.95
+    assert study.fraction[family] == 0.0
+    assert np.all(study.rank[family][classified] >= 1)
+    norms = np.linalg.norm(np.asarray(Vs), 2, axis=(1, 2))
+    if family == "sinkhorn":  # |S| <= |Sigma|: tr Sigma grows at most at 2 |V|
+        assert np.all(
+            study.rate[family][classified] <= 2 * norms[classified] * (1 + 1e-6)
+        )
+
+
+def test_study_rejects_bad_arguments():
+    gauss = mf.Gaussian(np.zeros(2), np.eye(2))
+    attns = _softmax_batch(np.eye(2)[None], np.eye(2)[None])
+    with pytest.raises(ValueError, match="t_max"):
+        mf.gaussian.blowup_times(gauss, attns, 0.0)
+    with pytest.raises(ValueError, match="stationary_tol"):
+        mf.gaussian.blowup_times(gauss, attns, 1.0, stationary_tol=0.0)
+    with pytest.raises(ValueError, match="slots"):
+        mf.gaussian.blowup_times(gauss, attns, 1.0, slots=0)
+    with pytest.raises(ValueError, match="rtol"):
+        mf.gaussian.blowup_times(gauss, attns, 1.0, rtol=-1.0)
