@@ -60,10 +60,33 @@ def safe_eigh(S: Float[Array, "d d"]):
     return jnp.where(finite, lam, jnp.inf), U
 
 
+def inverse(M: Float[Array, "d d"]) -> Float[Array, "d d"]:
+    """M^{-1}; the adjugate over the determinant for 2 x 2 (no LAPACK call)."""
+    if M.shape == (2, 2):
+        adj = jnp.array([[M[1, 1], -M[0, 1]], [-M[1, 0], M[0, 0]]])
+        return adj / (M[0, 0] * M[1, 1] - M[0, 1] * M[1, 0])
+    return jnp.linalg.inv(M)
+
+
 def sym_sqrt(S: Float[Array, "d d"]) -> Float[Array, "d d"]:
-    """Symmetric PSD square root by one eigendecomposition (no sqrtm)."""
+    """Symmetric PSD square root by one eigendecomposition (no sqrtm).
+
+    For d = 2 the closed form sqrt(S) = (S + sqrt(det S) I) / sqrt(tr S + 2 sqrt(det S))
+    (Cayley-Hamilton) replaces the eigendecomposition: same accuracy, and a batched
+    2 x 2 `eigh` on CPU costs one LAPACK call per matrix.
+    """
+    if S.shape[-2:] == (2, 2):
+        return _sym_sqrt_2x2(S)
     lam, U = safe_eigh(S)
     return (U * jnp.sqrt(jnp.maximum(lam, 0))[None, :]) @ U.T
+
+
+def _sym_sqrt_2x2(S: Float[Array, "2 2"]) -> Float[Array, "2 2"]:
+    S = (S + S.T) / 2
+    root_det = jnp.sqrt(jnp.maximum(S[0, 0] * S[1, 1] - S[0, 1] ** 2, 0))
+    norm = jnp.sqrt(jnp.maximum(S[0, 0] + S[1, 1] + 2 * root_det, 0))
+    top = S + root_det * jnp.eye(2, dtype=S.dtype)
+    return jnp.where(norm > 0, top / jnp.where(norm > 0, norm, 1), 0 * S)
 
 
 #: Largest 1-norm for which `jax.scipy.linalg.expm` uses its Pade approximant

@@ -72,10 +72,10 @@ def _rk_step(field, y, f0, p, h):
     """One Dormand-Prince step of size h: (y_new, f(y_new), error estimate)."""
     ks = [f0]
     for i in range(1, 7):
-        incr = sum(a * k for a, k in zip(_A[i], ks) if a != 0.0)
+        incr = sum(a * k for a, k in zip(_A[i], ks, strict=False) if a != 0.0)
         ks.append(field(y + h * incr, p))
-    y_new = y + h * sum(a * k for a, k in zip(_A[6], ks) if a != 0.0)
-    err = h * sum(e * k for e, k in zip(_B_ERR, ks) if e != 0.0)
+    y_new = y + h * sum(a * k for a, k in zip(_A[6], ks, strict=False) if a != 0.0)
+    err = h * sum(e * k for e, k in zip(_B_ERR, ks, strict=True) if e != 0.0)
     return y_new, ks[6], err
 
 
@@ -105,7 +105,9 @@ def solve_queue(
         y0: initial states (N, m).
         params: pytree of per-run parameters, leading axis N on every leaf.
         slots: runs stepped together (at most N is used).
-        rtol, atol: error control, max norm of err / (atol + rtol max(|y|, |y_new|)).
+        rtol: relative tolerance: the step is accepted when the max norm of
+            err / (atol + rtol max(|y|, |y_new|)) is <= 1.
+        atol: absolute tolerance.
         max_steps: attempted steps per run before `OUT_OF_STEPS`.
         h0: first step of every run.
         h_min: steps below this end the run with `STEP_UNDERFLOW`.

@@ -408,3 +408,40 @@ def test_float32_study_has_no_false_sinkhorn_blowups():
         attns = jax.vmap(lambda A: mf.SinkhornAttention(jnp.eye(2), A=A))(As)
         study = mf.gaussian.blowup_times(g, {"sinkhorn": attns}, 5.0)
     assert study.fraction["sinkhorn"] == 0.0
+
+
+def test_two_by_two_sqrt_closed_form_matches_the_spectral_root():
+    # `sym_sqrt` uses (S + sqrt(det S) I) / sqrt(tr S + 2 sqrt(det S)) for d = 2;
+    # reference: U sqrt(Lambda) U^T from a known spectrum, including rank one and 0.
+    from meanfield._linalg import sym_sqrt
+
+    rng = np.random.default_rng(0)
+    for k in range(300):
+        U = np.linalg.qr(rng.normal(size=(2, 2)))[0]
+        lam = np.abs(rng.normal(size=2)) * 10.0 ** rng.uniform(-12, 3, 2)
+        lam[0] = 0.0 if k % 10 == 0 else lam[0]
+        want = (U * np.sqrt(lam)) @ U.T
+        got = np.asarray(sym_sqrt(jnp.asarray((U * lam) @ U.T)))
+        # eigenvalues carry an absolute error eps |S|, so their roots sqrt(eps |S|)
+        np.testing.assert_allclose(got, want, rtol=0, atol=3e-8 * np.linalg.norm(want))
+    assert np.all(np.asarray(sym_sqrt(jnp.zeros((2, 2)))) == 0)
+
+
+def test_two_by_two_closed_forms_match_lapack():
+    # norm2 and inverse take closed forms for 2 x 2 matrices.
+    from meanfield._attention.base import norm2
+    from meanfield._linalg import inverse
+
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        M = rng.normal(size=(2, 2)) * 10.0 ** rng.uniform(-3, 3)
+        np.testing.assert_allclose(
+            float(norm2(jnp.asarray(M))), np.linalg.norm(M, 2), rtol=1e-14
+        )
+        cond = np.linalg.cond(M)
+        np.testing.assert_allclose(
+            np.asarray(inverse(jnp.asarray(M))),
+            np.linalg.inv(M),
+            rtol=0,
+            atol=1e-14 * cond * np.linalg.norm(np.linalg.inv(M)),
+        )

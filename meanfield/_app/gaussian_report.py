@@ -342,8 +342,8 @@ def _solve(cfg: dict, log):
     )
     times = np.asarray(study.times["softmax"], float).reshape(S.shape)
     codes = np.asarray(study.status["softmax"]).reshape(S.shape)
-    ok = (codes == _status.SUCCESS) | (codes == _status.BLOWUP)
-    times = np.where(ok, times, np.nan)  # failed solves: neither inf nor a time
+    ok = np.isin(codes, [_status.SUCCESS, _status.STATIONARY, _status.BLOWUP])
+    times = np.where(ok, times, np.nan)  # unclassified runs: neither inf nor a time
     log(f"phase diagram done ({time.perf_counter() - t0:.1f} s)")
     arrays.update(
         phase_s=s, phase_r=r, phase_times=times, phase_status=codes, phase_A=As

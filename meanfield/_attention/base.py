@@ -150,7 +150,16 @@ def check_param_shapes(V, A=None, Q=None, K=None) -> None:
 
 
 def norm2(M) -> Float[Array, ""]:
-    """Spectral norm |M|_2."""
+    """Spectral norm |M|_2.
+
+    2 x 2: the closed form sigma_max = (|(a + d, c - b)| + |(a - d, b + c)|) / 2 (a sum
+    of non-negative terms, so as accurate as the SVD it replaces, and cheaper in a
+    batched solve).
+    """
+    M = jnp.asarray(M)
+    if M.shape == (2, 2):
+        (a, b), (c, d) = M[0], M[1]
+        return (jnp.hypot(a + d, c - b) + jnp.hypot(a - d, b + c)) / 2
     return jnp.linalg.norm(M, ord=2)
 
 

@@ -4,6 +4,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .._custom_types import Param, ParamLike
+from .._linalg import inverse
 from .base import (
     AbstractKernelAttention,
     bilinear_features,
@@ -78,7 +79,7 @@ class L2Attention(AbstractKernelAttention):
         A = interaction_matrix(self, t, d)
         _, K = self._QK(t, d)
         eye = jnp.eye(d, dtype=mean.dtype)
-        D = jnp.linalg.solve(eye + 2 * cov @ K.T @ K, eye)
+        D = inverse(eye + 2 * cov @ K.T @ K)
         return 2 * V @ D @ cov @ A, V @ D @ mean
 
     def covariance_growth_rate(self, t, d):

@@ -14,7 +14,7 @@ from jaxtyping import Array, Bool, Float, Int
 from .._custom_types import Param, ParamLike
 from .._kernels import blocked as _blocked
 from .._kernels import dense as _kernels
-from .._linalg import safe_eigh, sym_sqrt
+from .._linalg import inverse, safe_eigh, sym_sqrt
 from .._measures import AbstractParticles, MaskedParticles
 from .base import (
     QUERY_BLOCKS,
@@ -108,8 +108,14 @@ def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:
     """
     root = sym_sqrt(cov)
     G = root @ A @ cov @ A.T @ root
-    gam, U = safe_eigh((G + G.T) / 2)
-    X = (U * (2 / (1 + jnp.sqrt(1 + 4 * jnp.maximum(gam, 0))))[None, :]) @ U.T
+    G = (G + G.T) / 2
+    if G.shape == (2, 2):  # closed forms: no eigendecomposition (see `sym_sqrt`)
+        eye = jnp.eye(2, dtype=G.dtype)
+        W = eye + sym_sqrt(eye + 4 * G)  # >= 2 I: a well-conditioned inverse
+        X = 2 * inverse(W)
+    else:
+        gam, U = safe_eigh(G)
+        X = (U * (2 / (1 + jnp.sqrt(1 + 4 * jnp.maximum(gam, 0))))[None, :]) @ U.T
     return root @ X @ root @ A
 
 

@@ -62,13 +62,13 @@ def clock_field(y, attn, d):
 
 
 def log_rate(y, attn, d):
-    """l' = d log tr Sigma / dt at a state."""
+    """The rate l' = d log tr Sigma / dt at a state."""
     dy, _ = time_field(y, attn, d)
     return dy[d * d]
 
 
 def log_rate_derivative(y, attn, d):
-    """l'' along the flow (forward-mode through the field)."""
+    """The derivative l'' along the flow (forward mode through the field)."""
     dy, _ = time_field(y, attn, d)
     return jax.jvp(lambda z: log_rate(z, attn, d), (y,), (dy,))[1]
 

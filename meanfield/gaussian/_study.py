@@ -41,7 +41,8 @@ class BlowupStudy(eqx.Module):
             to its top eigenvalue, `rank_rtol`); -1 for blow-ups and failures.
         rate: variant name -> exponential rate d log tr Sigma / dt at the end
             (batch,); +inf for blow-ups, NaN for failures.
-        status: variant name -> result codes (batch,); `classes(name)` counts them by name.
+        status: variant name -> result codes (batch,); `classes(name)` gives the
+            fraction of runs in each class, by name.
         steps: variant name -> solver steps per run (batch,).
     """
 
@@ -52,6 +53,11 @@ class BlowupStudy(eqx.Module):
     rate: dict
     status: dict
     steps: dict
+
+    def classes(self, name: str) -> dict[str, float]:
+        """{class name: fraction of the runs} of one variant."""
+        codes = np.asarray(self.status[name])
+        return {_status.name(c): float(np.mean(codes == c)) for c in np.unique(codes)}
 
 
 def numerical_rank(cov: Float[Array, "d d"], rtol: float) -> Int[Array, ""]:
@@ -140,7 +146,6 @@ def blowup_times(
     for label, value in (("slots", slots), ("chunk_size", chunk_size)):
         if int(value) < 1:
             raise ValueError(f"`{label}` must be a positive integer; got {value}.")
-    d = gauss.dim
     cov0 = np.asarray(gauss.cov, np.float64)
     settings = dict(
         t0=float(t0),
