@@ -19,7 +19,6 @@ State of one run: y = [S (d*d, row-major), l, t, beta], beta = log of the
 blow-up-free growth bound, beta' = 2 r(t) (`_ode._value_rate`).
 """
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 
@@ -43,33 +42,38 @@ def unpack(y, d):
     return (S + S.T) / 2, y[d * d], y[d * d + 1], y[d * d + 2]
 
 
-def time_field(y, attn, d):
-    """d/dt of [S, l, t, beta] (the t-component is 1) and |B|_F."""
+def time_field(y, attn, d, growth=None):
+    """d/dt of [S, l, t, beta] (the t-component is 1) and |B|_F.
+
+    `growth` is beta' = 2 r when the parameters do not depend on t (computed once
+    per run: r costs singular values); None evaluates it at t.
+    """
     S, ell, t, _ = unpack(y, d)
     B, _ = _affine(attn, jnp.zeros(d, y.dtype), jnp.exp(ell) * S, t)
     G = B @ S + S @ B.T
     G = (G + G.T) / 2
     rate = jnp.trace(G) / jnp.trace(S)
-    growth = 2 * _value_rate(attn, t, d)
+    if growth is None:
+        growth = 2 * _value_rate(attn, t, d)
     tail = jnp.stack([rate, jnp.ones_like(rate), jnp.asarray(growth, y.dtype)])
     return jnp.concatenate([(G - rate * S).reshape(d * d), tail]), jnp.linalg.norm(B)
 
 
-def clock_field(y, attn, d):
+def clock_field(y, attn, d, growth=None):
     """d/ds of the state: the t-field times dt/ds = 1 / (1 + |B|_F)."""
-    dy, speed = time_field(y, attn, d)
+    dy, speed = time_field(y, attn, d, growth)
     return dy / (1 + speed)
 
 
 def log_rate(y, attn, d):
     """The rate l' = d log tr Sigma / dt at a state."""
-    dy, _ = time_field(y, attn, d)
+    dy, _ = time_field(y, attn, d, growth=0.0)
     return dy[d * d]
 
 
 def log_rate_derivative(y, attn, d):
     """The derivative l'' along the flow (forward mode through the field)."""
-    dy, _ = time_field(y, attn, d)
+    dy, _ = time_field(y, attn, d, growth=0.0)
     return jax.jvp(lambda z: log_rate(z, attn, d), (y,), (dy,))[1]
 
 
@@ -79,6 +83,6 @@ def covariance(y, d):
     return jnp.exp(ell) * S
 
 
-def split(attns):
-    """(arrays, static) of a batched attention, for per-run indexing."""
-    return eqx.partition(attns, eqx.is_array)
+def depends_on_time(static) -> bool:
+    """Whether an attention's static part holds parameter functions of t."""
+    return any(callable(leaf) for leaf in jax.tree.leaves(static))

@@ -17,7 +17,7 @@ from .._linalg import safe_eigh
 from .._measures import Gaussian
 from .._queue_solver import OUT_OF_STEPS, STEP_UNDERFLOW, solve_queue
 from . import _scale_shape
-from ._ode import GaussianSolution
+from ._ode import GaussianSolution, _value_rate
 from ._ode import simulate as simulate_gaussian
 from ._velocity import check_supported
 
@@ -240,8 +240,18 @@ def _classify(
     attn_of = lambda p: eqx.combine(p, static)  # noqa: E731
     i_ell, i_t = d * d, d * d + 1
 
-    def field(y, p):
-        return _scale_shape.clock_field(y, attn_of(p), d)
+    if _scale_shape.depends_on_time(static):
+        params = (arrays, jnp.zeros((n,), dtype))
+
+        def field(y, p):
+            return _scale_shape.clock_field(y, attn_of(p[0]), d)
+
+    else:  # the bound's rate 2 r is constant: once per run, not per stage
+        growth = jax.vmap(lambda a: 2 * _value_rate(attn_of(a), t0, d))(arrays)
+        params = (arrays, growth.astype(dtype))
+
+        def field(y, p):
+            return _scale_shape.clock_field(y, attn_of(p[0]), d, p[1])
 
     def stop(y, f, y_prev, f_prev, p):
         S, ell, t, beta = _scale_shape.unpack(y, d)
@@ -292,7 +302,7 @@ def _classify(
         stop,
         max_step,
         y0,
-        arrays,
+        params,
         slots=slots,
         rtol=rtol,
         atol=atol,
