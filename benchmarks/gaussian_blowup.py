@@ -97,9 +97,7 @@ def plot(rows, path):
     ax.set_xlabel("dimension d")
     ax.set_ylabel("moment-ODE solves per second")
     ax.set_yscale("log")
-    ax.set_title(
-        f"mf.gaussian.blowup_times, {platform.machine()} CPU"
-    )
+    ax.set_title(f"mf.gaussian.blowup_times, {platform.machine()} CPU")
     ax.legend()
     _io.savefig_atomic(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
