@@ -318,7 +318,10 @@ def _classify(
         dl = _scale_shape.log_rate(y, attn, d)
         ddl = _scale_shape.log_rate_derivative(y, attn, d)
         blew = code == _status.BLOWUP
-        t_star = y[i_t] + dl / jnp.where(ddl > 0, ddl, 1)
+        # t* - t = l'/l'' for a power law; a rotating shape can make l'' <= 0 at
+        # the stop, where t* - t <= 50 / l' (p <= 50): ~1e-14 t* at threshold 1e16.
+        remaining = jnp.where(ddl > 0, dl / jnp.where(ddl > 0, ddl, 1), 0)
+        t_star = y[i_t] + jnp.clip(remaining, 0, 50 / jnp.maximum(dl, eps))
         classified = (code == _status.SUCCESS) | (code == _status.STATIONARY)
         return (
             jnp.where(blew, t_star, jnp.inf),
