@@ -1,4 +1,4 @@
-"""The covariance ODE in scale-shape coordinates on a rate clock (docs/math.md §3).
+"""The covariance ODE in scale-shape coordinates on a rate clock (docs/math.md §4).
 
 Sigma' = B Sigma + Sigma B^T is solved as Sigma = e^l S with tr S = 1:
 
@@ -75,12 +75,6 @@ def log_rate_derivative(y, attn, d):
     """The derivative l'' along the flow (forward mode through the field)."""
     dy, _ = time_field(y, attn, d, growth=0.0)
     return jax.jvp(lambda z: log_rate(z, attn, d), (y,), (dy,))[1]
-
-
-def covariance(y, d):
-    """Sigma = e^l S of a state."""
-    S, ell, _, _ = unpack(y, d)
-    return jnp.exp(ell) * S
 
 
 def depends_on_time(static) -> bool:
