@@ -205,7 +205,8 @@ def test_huge_steady_sigma_is_stationary_not_blowup():
 def test_bounded_families_never_blow_up(key, family):
     # Full-rank L2 and Sinkhorn have global solutions (docs/math.md §3): no run
     # blows up or fails, and none grows faster than the bound 2 r. (A few stiff
-    # runs still end at the step budget: the open part of the study solver.)
+    # runs still end at the step budget, the open part of the study solver: 1 of
+    # these 64 Sinkhorn runs, 0.7 % of L2 and 5.7 % of Sinkhorn runs in d = 4.)
     d, batch = 3, 64
     ka, kv = jr.split(key)
     As = jr.normal(ka, (batch, d, d)) / np.sqrt(d)
