@@ -1,11 +1,17 @@
-"""Adaptive Dormand-Prince 5(4) over a work queue of many small ODEs.
+"""Adaptive one-step solvers over a work queue of many small ODEs.
 
 A vmapped diffrax solve steps all its members in lockstep until the slowest one
 ends, so a batch costs (batch size) x (longest run). Here a fixed number of slots
 step together; a slot whose run has ended writes its result and takes the next run
 from the queue (compaction), so a batch costs about (total steps) / slots + the
 longest run. Everything runs in one `lax.while_loop`: one compilation per
-(field, stop rule, slots, state size, batch size).
+(field, stop rule, method, slots, state size, batch size).
+
+Two methods share the queue:
+- "dopri5": explicit Dormand-Prince 5(4);
+- "rodas4": Hairer & Wanner's L-stable, stiffly accurate Rosenbrock method of
+  order 4(3) (RODAS), with the exact Jacobian by forward differentiation and one
+  LU factorisation per step. Its fast modes are damped, not resolved.
 
 The caller gives the vector field in its own clock s (autonomous: time, if needed,
 is a component of the state), a stop rule evaluated after every accepted step, and
@@ -49,6 +55,33 @@ OUT_OF_STEPS = -1
 #: `QueueResult.code` of a run whose step size fell below `h_min` (or went NaN).
 STEP_UNDERFLOW = -2
 
+# RODAS (Hairer & Wanner, Solving ODEs II, section IV.7), in the form with
+# increments K_i: (I / (h gamma) - J) K_i = f(Y_i) + sum_j (c_ij / h) K_j,
+# Y_i = y + sum_j a_ij K_j for i <= 5, Y_6 = Y_5 + K_5, y_new = Y_6 + K_6; K_6 is
+# the difference to the embedded 3rd-order solution Y_6.
+_GAMMA = 0.25
+_RA = (
+    (),
+    (1.544,),
+    (0.9466785280815826, 0.2557011698983284),
+    (3.314825187068521, 2.896124015972201, 0.9986419139977817),
+    (1.221224509226641, 6.019134481288629, 12.53708332932087, -0.6878860361058950),
+)
+_RC = (
+    (),
+    (-5.6688,),
+    (-2.430093356833875, -0.2063599157091915),
+    (-0.1073529058151375, -9.594562251023355, -20.47028614809616),
+    (7.496443313967647, -10.24680431464352, -33.99990352819905, 11.70890893206160),
+    (
+        8.083246795921522,
+        -7.981132988064893,
+        -31.52159432874371,
+        16.31930543123136,
+        -6.058818238834054,
+    ),
+)
+
 
 class QueueResult(eqx.Module):
     """Final states of a queue of runs.
@@ -68,7 +101,7 @@ class QueueResult(eqx.Module):
     iterations: Int[Array, ""]
 
 
-def _rk_step(field, y, f0, p, h):
+def _dopri5_step(field, y, f0, p, h):
     """One Dormand-Prince step of size h: (y_new, f(y_new), error estimate)."""
     ks = [f0]
     for i in range(1, 7):
@@ -77,6 +110,28 @@ def _rk_step(field, y, f0, p, h):
     y_new = y + h * sum(a * k for a, k in zip(_A[6], ks, strict=False) if a != 0.0)
     err = h * sum(e * k for e, k in zip(_B_ERR, ks, strict=True) if e != 0.0)
     return y_new, ks[6], err
+
+
+def _rodas4_step(field, y, f0, p, h):
+    """One RODAS step of size h: (y_new, f(y_new), error estimate)."""
+    m = y.shape[0]
+    jac = jax.jacfwd(field)(y, p)
+    lu = jax.scipy.linalg.lu_factor(jnp.eye(m, dtype=y.dtype) / (h * _GAMMA) - jac)
+    ks, arg = [], y
+    for i in range(6):
+        if i == 5:
+            arg = arg + ks[4]
+        elif i > 0:
+            arg = y + sum(a * k for a, k in zip(_RA[i], ks, strict=True))
+        rhs = f0 if i == 0 else field(arg, p)
+        rhs = rhs + sum(c / h * k for c, k in zip(_RC[i], ks, strict=True))
+        ks.append(jax.scipy.linalg.lu_solve(lu, rhs))
+    y_new = arg + ks[5]
+    return y_new, field(y_new, p), ks[5]
+
+
+# method -> (step, exponent of the step-size controller: 1 / (embedded order + 1))
+_METHODS = {"dopri5": (_dopri5_step, 1 / 5), "rodas4": (_rodas4_step, 1 / 4)}
 
 
 def solve_queue(
@@ -93,6 +148,8 @@ def solve_queue(
     h0: float,
     h_min: float,
     increment_relative=None,
+    method: str = "dopri5",
+    count=None,
 ) -> QueueResult:
     """Solve N independent ODEs dy/ds = field(y, p) with `slots` of them at a time.
 
@@ -115,14 +172,23 @@ def solve_queue(
             error is measured against their increment over the step instead of
             their value (a clock such as t: near a singularity it moves by far
             less than rtol |t| per step, and must stay accurate to rtol of that).
+        method: "dopri5" (explicit) or "rodas4" (linearly implicit, for stiff
+            runs; the field must be differentiable in y).
+        count: solve only the first `count` runs (may be traced, so one
+            compilation serves any number of runs up to N); the others keep code
+            0 and zero states.
 
     Returns:
         A `QueueResult`.
     """
+    if method not in _METHODS:
+        raise ValueError(f"`method` must be one of {sorted(_METHODS)}; got {method!r}.")
+    rk_step, exponent = _METHODS[method]
     n, m = y0.shape
     slots = min(slots, n)
     dtype = y0.dtype
     vfield = jax.vmap(field)
+    count = jnp.asarray(n if count is None else count)
 
     def take(idx):
         safe = jnp.minimum(idx, n - 1)
@@ -132,6 +198,7 @@ def solve_queue(
 
     first = jnp.arange(slots)
     y, f, p = take(first)
+    first = jnp.where(first < count, first, n)  # n: an empty slot
     state = dict(
         idx=first,
         y=y,
@@ -139,7 +206,7 @@ def solve_queue(
         p=p,
         h=jnp.minimum(jnp.asarray(h0, dtype), jax.vmap(max_step)(y, f, p)),
         steps=jnp.zeros((slots,), jnp.int32),
-        next=jnp.asarray(slots),
+        next=jnp.minimum(jnp.asarray(slots), count),
         out_y=jnp.zeros((n, m), dtype),
         out_f=jnp.zeros((n, m), dtype),
         out_code=jnp.zeros((n,), jnp.int32),
@@ -150,7 +217,7 @@ def solve_queue(
     def step(state):
         active = state["idx"] < n
         y, f, p, h = state["y"], state["f"], state["p"], state["h"]
-        y_new, f_new, err = jax.vmap(lambda *a: _rk_step(field, *a))(y, f, p, h)
+        y_new, f_new, err = jax.vmap(lambda *a: rk_step(field, *a))(y, f, p, h)
         size = jnp.maximum(jnp.abs(y), jnp.abs(y_new))
         if increment_relative is not None:
             size = jnp.where(increment_relative, jnp.abs(y_new - y), size)
@@ -161,7 +228,7 @@ def solve_queue(
         y = jnp.where(accept[:, None], y_new, y)
         f = jnp.where(accept[:, None], f_new, f)
         # Standard I-controller, growth at most 10x per step, 5x shrink on failure.
-        factor = jnp.where(ok, 0.9 * jnp.maximum(err_norm, 1e-10) ** -0.2, 0.2)
+        factor = jnp.where(ok, 0.9 * jnp.maximum(err_norm, 1e-10) ** -exponent, 0.2)
         factor = jnp.clip(factor, 0.2, jnp.where(accept, 10.0, 1.0))
         h = jnp.minimum(h * factor, jax.vmap(max_step)(y, f, p))
         steps = state["steps"] + active
@@ -181,7 +248,7 @@ def solve_queue(
         out_steps = state["out_steps"].at[where].set(steps, mode="drop")
         # Refill the finished slots, in order, from the queue.
         new_idx = state["next"] + jnp.cumsum(done) - 1
-        idx = jnp.where(done, jnp.where(new_idx < n, new_idx, n), state["idx"])
+        idx = jnp.where(done, jnp.where(new_idx < count, new_idx, n), state["idx"])
 
         def refill(args):
             y, f, p, h, steps = args
@@ -209,7 +276,7 @@ def solve_queue(
             p=p,
             h=h,
             steps=steps,
-            next=state["next"] + jnp.sum(done),
+            next=jnp.minimum(state["next"] + jnp.sum(done), count),
             out_y=out_y,
             out_f=out_f,
             out_code=out_code,

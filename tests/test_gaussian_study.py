@@ -14,7 +14,7 @@ from scipy.integrate import solve_ivp
 
 import meanfield as mf
 from meanfield import _status
-from meanfield._queue_solver import OUT_OF_STEPS, solve_queue
+from meanfield._queue_solver import OUT_OF_STEPS, _rodas4_step, solve_queue
 
 # A d = 2 softmax run that collapses to a huge steady rank-one Sigma (lambda_max
 # ~ 3e9, u^T A u = 0): a threshold test alone reported it as a blow-up at t = 0.52.
@@ -30,6 +30,13 @@ V_STEADY = np.array(
         [-0.1263797631620064, 0.7425702431472221],
     ]
 )
+
+
+# A d = 2 softmax run that settles at a steady rank-one Sigma (lambda_max ~ 7.8e4)
+# by t = 0.24; the explicit pass spends its budget there (the rate clock crawls in
+# t), the implicit pass classifies it.
+A_CRAWL = np.array([[-0.3761, -1.1723], [0.0471, 1.6095]])
+V_CRAWL = np.array([[1.1805, 0.2875], [-0.2047, 1.2775]])
 
 
 def _softmax_batch(As, Vs):
@@ -91,6 +98,56 @@ def test_queue_solver_reports_the_step_budget():
     )
     np.testing.assert_array_equal(np.asarray(out.code), OUT_OF_STEPS)
     np.testing.assert_array_equal(np.asarray(out.steps), 25)
+
+
+def test_rodas_step_has_order_four_and_damps_stiff_modes():
+    def local_error(field, exact, h):
+        y = jnp.array([1.0])
+        y_new, f_new, _ = _rodas4_step(field, y, field(y, None), None, h)
+        np.testing.assert_allclose(f_new, field(y_new, None), rtol=1e-15)
+        return abs(float(y_new[0]) - exact(h))
+
+    # Local error O(h^5): halving h divides it by ~32, on a linear and on a
+    # nonlinear field (y' = -y^2, y = 1 / (1 + t)).
+    for field, exact in (
+        (lambda y, p: 0.7 * y, lambda h: np.exp(0.7 * h)),
+        (lambda y, p: -(y**2), lambda h: 1 / (1 + h)),
+    ):
+        ratio = local_error(field, exact, 0.1) / local_error(field, exact, 0.05)
+        assert 25 < ratio < 40
+    # L-stability: a mode with h lambda = -1e12 is removed, not amplified.
+    assert local_error(lambda y, p: -1e12 * y, lambda h: 0.0, 1.0) < 1e-10
+
+
+def test_queue_solver_rodas_steps_over_stiff_decay():
+    # y' = -lam (y - cos t) - sin t: y = cos t + (y0 - 1) e^{-lam t}. An explicit
+    # method needs ~lam steps; RODAS resolves a transient it can see (lam = 1e3:
+    # ~log(1 / atol) / (h lam) steps) and steps over one far below atol.
+    lam = jnp.array([1.0, 1e3, 1e6, 1e9, 1.0, 1.0])
+    y0 = jnp.stack([jnp.full(6, 2.0), jnp.zeros(6)], axis=1)
+    out = solve_queue(
+        lambda y, p: jnp.stack(
+            [-p * (y[0] - jnp.cos(y[1])) - jnp.sin(y[1]), jnp.ones_like(y[0])]
+        ),
+        lambda y, f, yp, fp, p: jnp.where(y[1] >= 1 - 1e-12, 1, 0).astype(jnp.int32),
+        lambda y, f, p: jnp.maximum(1.0 - y[1], 0.0),
+        y0,
+        lam,
+        slots=2,
+        rtol=1e-8,
+        atol=1e-10,
+        max_steps=2000,
+        h0=1e-3,
+        h_min=1e-14,
+        method="rodas4",
+        count=4,  # the last two runs are not solved
+    )
+    code, steps = np.asarray(out.code), np.asarray(out.steps)
+    np.testing.assert_array_equal(code, [1, 1, 1, 1, 0, 0])
+    np.testing.assert_array_equal(steps[4:], 0)
+    want = np.cos(1.0) + np.exp(-np.asarray(lam[:4]))
+    np.testing.assert_allclose(np.asarray(out.y[:4, 0]), want, rtol=1e-7)
+    assert steps[2:4].max() < 300  # explicit: > lam / 3.3 (its stability bound)
 
 
 def test_v_identity_blowup_times_are_exact(key):
@@ -180,25 +237,27 @@ def _reference_scale_shape(A, V, taus):
     return sol.y[5], sol.y[4], sol.y[:4].T.reshape(-1, 2, 2)
 
 
-def test_huge_steady_sigma_is_stationary_not_blowup():
+@pytest.mark.parametrize(
+    "A, V, ell_min", [(A_STEADY, V_STEADY, np.log(1e9)), (A_CRAWL, V_CRAWL, 11.0)]
+)
+def test_huge_steady_sigma_is_stationary_not_blowup(A, V, ell_min):
     study = mf.gaussian.blowup_times(
-        mf.Gaussian(np.zeros(2), np.eye(2)),
-        _softmax_batch(A_STEADY[None], V_STEADY[None]),
-        5.0,
+        mf.Gaussian(np.zeros(2), np.eye(2)), _softmax_batch(A[None], V[None]), 5.0
     )
     assert study.status["SoftmaxAttention"][0] == _status.STATIONARY
     assert np.isinf(study.times["SoftmaxAttention"][0])
     assert study.rank["SoftmaxAttention"][0] == 1
-    # The reference: log tr Sigma rises to 21.86 (3e9) near t = 0.5232 and stays
-    # there while tau (and t) go on; the shape is rank one, on the null cone of A.
-    t, ell, S = _reference_scale_shape(A_STEADY, V_STEADY, np.array([100.0, 3000.0]))
+    # The reference: log tr Sigma rises to a large value (21.86 for A_STEADY,
+    # near t = 0.5232; 11.27 for A_CRAWL, near t = 0.23) and stays there while
+    # tau (and t) go on; the shape is rank one, on the null cone of A.
+    t, ell, S = _reference_scale_shape(A, V, np.array([300.0, 3000.0]))
     assert t[1] > t[0]
-    assert ell[0] > np.log(1e9)
+    assert ell[0] > ell_min
     assert abs(ell[1] - ell[0]) < 1e-9
     lam, U = np.linalg.eigh(S[1])
     assert lam[0] < 1e-12
     u = U[:, -1]
-    assert abs(u @ A_STEADY @ u) < 1e-9
+    assert abs(u @ A @ u) < 1e-9
 
 
 @pytest.mark.parametrize("family", ["l2", "sinkhorn"])
