@@ -91,7 +91,12 @@ def blowup_times(
     number of parameter sets. Only Sigma is solved (its ODE does not involve the
     mean), in scale-shape coordinates on a rate clock (docs/math.md §4), by an
     adaptive Dormand-Prince 5(4) over a work queue: `slots` runs step together and a
-    finished run hands its slot to the next one.
+    finished run hands its slot to the next one. Runs that pass is unable to end
+    within `max_steps` (a huge Sigma on or near a steady state, where the fast modes
+    keep the explicit residual above the stationary test) continue from where they
+    stopped with RODAS (L-stable Rosenbrock, exact Jacobian) on a growth clock
+    dt/ds = 1 / sqrt(1 + l'^2), with max_steps // 8 steps, `slots` // 8 at a time; a
+    run that pass cannot end either keeps "max_steps".
 
     A run blows up when tr Sigma exceeds blowup_threshold times its blow-up-free
     bound (tr Sigma0 e^{2 int r}, see `mf.gaussian.simulate`) and the singularity
@@ -115,7 +120,8 @@ def blowup_times(
         rtol: relative tolerance of each solve (default 1e-8 in float64, 1e-5 in
             float32).
         atol: absolute tolerance of each solve, S having trace 1 (default rtol / 100).
-        max_steps: step budget of each run (status "max_steps" beyond).
+        max_steps: explicit step budget of each run; the implicit pass gets an
+            eighth of it (status "max_steps" beyond both).
         blowup_threshold: factor over the blow-up-free growth bound.
         stationary_tol: relative change of Sigma up to t_max below which a run is
             stationary.
@@ -211,6 +217,11 @@ def blowup_times(
 # runs it classifies take 6 steps (median) and 160 (99th percentile) in d = 2;
 # the rest would spend the budget without ending (docs/math.md §4).
 _IMPLICIT_SHARE = 8
+# ... and takes the runs whose |dSigma/ds| / |Sigma| at the end of the explicit
+# pass is within this factor of its resolution floor rtol + atol. Measured at the
+# handover: ~10x for the d = 2 softmax runs it ends (a steady Sigma), ~1e8x for
+# d = 2 L2 runs still growing (l' ~ 3), which it cannot end.
+_NEAR_STEADY = 1e5
 
 # The stop rule's codes (> 0 ends a run) and the queue's, as result codes.
 _REACHED, _STATIONARY, _BLOWUP, _OVERFLOW = 1, 2, 3, 4
@@ -274,9 +285,15 @@ def _classify(
         dy, _ = t_field(y, p)
         return dy / jnp.sqrt(1 + dy[i_ell] ** 2)
 
+    def clock_drift(y, f):  # |dSigma/ds| / |Sigma| on the solver's clock
+        S = _scale_shape.unpack(y, d)[0]
+        return jnp.linalg.norm(
+            f[: d * d].reshape(d, d) + f[i_ell] * S
+        ) / jnp.linalg.norm(S)
+
     def stop_rule(speed_of, resolution):
         def stop(y, f, y_prev, f_prev, p):
-            S, ell, t, beta = _scale_shape.unpack(y, d)
+            _, ell, t, beta = _scale_shape.unpack(y, d)
             dt_ds = f[i_t]
             speed = speed_of(y, f, p)  # |B|_F
             dl = f[i_ell] / dt_ds
@@ -302,8 +319,7 @@ def _classify(
             # solve's resolution rtol + atol (a huge steady Sigma: there |B| >> 1
             # and the residual in t is the state's error times |B|).
             span = t_max - t0
-            dS = f[: d * d].reshape(d, d) / dt_ds
-            drift = jnp.linalg.norm(dS + dl * S) / jnp.linalg.norm(S)
+            drift = clock_drift(y, f) / dt_ds  # |Sigma'| / |Sigma|
             horizon = t >= t_max - 1e-12 * jnp.maximum(jnp.abs(t_max), span)
             still = drift * span <= stationary_tol + 64 * eps * speed * span
             if resolution:
@@ -340,14 +356,20 @@ def _classify(
         increment_relative=jnp.arange(d * d + 3) == i_t,
         **options,
     )
+
     # Implicit pass for those, from where they stopped: RODAS damps the fast modes
     # (the residual falls to rounding) and steps on the scale of the slow ones.
     # t is held to rtol |t| only: on the growth clock t' depends on l', which the
     # state fixes only to atol e^l (the complement of a huge Sigma lives in S's
     # last digits); near t* the clock slows t down geometrically, and rtol |t| is
-    # the accuracy the times promise. Fewer slots: these are few runs.
-    stiff = out.code == OUT_OF_STEPS
-    order = jnp.argsort(~stiff, stable=True)  # the stiff runs first
+    # the accuracy the times promise. Fewer slots: these are few runs. Only runs
+    # whose explicit residual sits near the resolution floor go: those are what the
+    # implicit pass resolves. The others (a huge direction still growing, the
+    # complement in S's last digits: docs/math.md §4) would spend its budget.
+    handed = (out.code == OUT_OF_STEPS) & (
+        jax.vmap(clock_drift)(out.y, out.dy) <= _NEAR_STEADY * (rtol + atol)
+    )
+    order = jnp.argsort(~handed, stable=True)  # the handed runs first
     redo = solve_queue(
         growth_clock,
         stop_rule(lambda y, f, p: t_field(y, p)[1], resolution=False),
@@ -355,25 +377,25 @@ def _classify(
         out.y[order],
         jax.tree.map(lambda a: a[order], params),
         method="rodas4",
-        count=jnp.sum(stiff),
+        count=jnp.sum(handed),
         slots=max(1, slots // 8),
         max_steps=max(1, max_steps // _IMPLICIT_SHARE),
         **options,
     )
     back = jnp.argsort(order)
     pick = lambda a, b: jnp.where(  # noqa: E731
-        stiff.reshape((-1,) + (1,) * (a.ndim - 1)), b[back], a
+        handed.reshape((-1,) + (1,) * (a.ndim - 1)), b[back], a
     )
     # The implicit pass is a second chance: a run it cannot classify either
     # (budget, non-finite Jacobian) keeps the explicit pass's verdict.
-    stiff = stiff & (redo.code > 0)[back]
+    handed = handed & (redo.code > 0)[back]
     y, dy, codes = (
         pick(a, b)
         for a, b in zip(
             (out.y, out.dy, out.code), (redo.y, redo.dy, redo.code), strict=True
         )
     )
-    steps = out.steps + jnp.where(stiff, redo.steps[back], 0)
+    steps = out.steps + jnp.where(handed, redo.steps[back], 0)
 
     def summary(y, f, code, p):
         attn = attn_of(p)
