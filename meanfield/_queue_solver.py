@@ -155,7 +155,8 @@ def solve_queue(
 
     Args:
         field: (y (m,), p) -> dy/ds (m,), for one run (vmapped here).
-        stop: (y, dy, y_prev, dy_prev, p) -> int32 code after an accepted step:
+        stop: (y, dy, y_prev, dy_prev, p, steps) -> int32 code after an accepted
+            step (steps: attempted so far, this one included):
             0 to go on, > 0 to end the run with that code.
         max_step: (y, dy, p) -> largest allowed next step (e.g. to land on a
             horizon); `jnp.inf` for none.
@@ -224,7 +225,9 @@ def solve_queue(
         err_norm = jnp.max(jnp.abs(err / (atol + rtol * size)), axis=-1)
         ok = jnp.isfinite(err_norm) & jnp.all(jnp.isfinite(y_new), axis=-1)
         accept = active & ok & (err_norm <= 1)
-        code = jnp.where(accept, jax.vmap(stop)(y_new, f_new, y, f, p), 0)
+        code = jnp.where(
+            accept, jax.vmap(stop)(y_new, f_new, y, f, p, state["steps"] + 1), 0
+        )
         y = jnp.where(accept[:, None], y_new, y)
         f = jnp.where(accept[:, None], f_new, f)
         # Standard I-controller, growth at most 10x per step, 5x shrink on failure.

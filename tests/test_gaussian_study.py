@@ -54,7 +54,7 @@ def test_queue_solver_matches_exact_decay_and_compacts():
     out = jax.jit(
         lambda y0, lam: solve_queue(
             lambda y, p: jnp.stack([-p * y[0], jnp.ones_like(y[0])]),
-            lambda y, f, yp, fp, p: jnp.where(y[1] >= 1 - 1e-12, 1, 0).astype(
+            lambda y, f, yp, fp, p, steps: jnp.where(y[1] >= 1 - 1e-12, 1, 0).astype(
                 jnp.int32
             ),
             lambda y, f, p: jnp.maximum(1.0 - y[1], 0.0),
@@ -85,7 +85,7 @@ def test_queue_solver_matches_exact_decay_and_compacts():
 def test_queue_solver_reports_the_step_budget():
     out = solve_queue(
         lambda y, p: -p * y,
-        lambda y, f, yp, fp, p: jnp.int32(0),  # never stops
+        lambda y, f, yp, fp, p, steps: jnp.int32(0),  # never stops
         lambda y, f, p: jnp.inf,
         jnp.ones((3, 1)),
         jnp.ones(3),
@@ -129,7 +129,9 @@ def test_queue_solver_rodas_steps_over_stiff_decay():
         lambda y, p: jnp.stack(
             [-p * (y[0] - jnp.cos(y[1])) - jnp.sin(y[1]), jnp.ones_like(y[0])]
         ),
-        lambda y, f, yp, fp, p: jnp.where(y[1] >= 1 - 1e-12, 1, 0).astype(jnp.int32),
+        lambda y, f, yp, fp, p, steps: jnp.where(y[1] >= 1 - 1e-12, 1, 0).astype(
+            jnp.int32
+        ),
         lambda y, f, p: jnp.maximum(1.0 - y[1], 0.0),
         y0,
         lam,
