@@ -59,12 +59,6 @@ def time_field(y, attn, d, growth=None):
     return jnp.concatenate([(G - rate * S).reshape(d * d), tail]), jnp.linalg.norm(B)
 
 
-def clock_field(y, attn, d, growth=None):
-    """d/ds of the state: the t-field times dt/ds = 1 / (1 + |B|_F)."""
-    dy, speed = time_field(y, attn, d, growth)
-    return dy / (1 + speed)
-
-
 def log_rate(y, attn, d):
     """The rate l' = d log tr Sigma / dt at a state."""
     dy, _ = time_field(y, attn, d, growth=0.0)

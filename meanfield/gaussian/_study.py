@@ -222,7 +222,8 @@ _IMPLICIT_SHARE = 20
 # pass is within this factor of its resolution floor rtol + atol: a steady Sigma
 # whose residual the explicit error keeps up (measured: ~3-15x on d = 2 softmax
 # runs). Runs still moving hand over far above it (d = 4 softmax ~200-1300x,
-# d = 2 L2 ~1e8x); the implicit pass cannot end them (docs/math.md §4).
+# d = 2 L2 ~1e8x, estimated from l' ~ 3 and |B| = O(1)); the implicit pass cannot
+# end them (docs/math.md §4).
 _NEAR_STEADY = 1e3
 
 # The stop rule's codes (> 0 ends a run) and the queue's, as result codes.
