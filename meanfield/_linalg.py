@@ -68,6 +68,29 @@ def inverse(M: Float[Array, "d d"]) -> Float[Array, "d d"]:
     return jnp.linalg.inv(M)
 
 
+def graded_tilt(
+    frame: Float[Array, "d d"],
+    scales: Float[Array, " d"],
+    unit: Float[Array, "d d"],
+    G: Float[Array, "d d"],
+) -> Float[Array, "d d"]:
+    """(Sigma^{-1} + G)^{-1} for Sigma = Q diag(r) U U^T diag(r) Q^T and G PSD.
+
+    With H = U^{-T} U^{-1} + diag(r) Q^T G Q diag(r), the result is
+    Q diag(r) H^{-1} diag(r) Q^T. H is inverted after scaling it to a unit
+    diagonal, so directions of Sigma with tiny or huge r keep their relative
+    precision; forming Sigma first loses every direction below eps |Sigma|.
+    """
+    d = scales.shape[0]
+    eye = jnp.eye(d, dtype=scales.dtype)
+    U_inv = jsl.solve_triangular(unit, eye, lower=False, unit_diagonal=True)
+    H = U_inv.T @ U_inv + scales[:, None] * (frame.T @ G @ frame) * scales[None, :]
+    s = jnp.sqrt(jnp.diag(H))
+    ratio = scales / s
+    inner = ratio[:, None] * inverse(H / (s[:, None] * s[None, :])) * ratio[None, :]
+    return frame @ ((inner + inner.T) / 2) @ frame.T
+
+
 def sym_sqrt(S: Float[Array, "d d"]) -> Float[Array, "d d"]:
     """Symmetric PSD square root by one eigendecomposition (no sqrtm).
 

@@ -256,6 +256,26 @@ class AbstractAttention(eqx.Module):
         """
         return None
 
+    def gaussian_field_graded(
+        self,
+        mean: Float[Array, " d"],
+        frame: Float[Array, "d d"],
+        scales: Float[Array, " d"],
+        unit: Float[Array, "d d"],
+        t,
+    ) -> tuple[Float[Array, "d d"], Float[Array, " d"]] | None:
+        """`gaussian_field` for Sigma = Q diag(r) U U^T diag(r) Q^T, given in factors.
+
+        Q orthogonal (`frame`), r > 0 (`scales`, any spread), U unit upper
+        triangular (`unit`). The Gaussian study's frame coordinates keep Sigma so
+        (docs/math.md §4): its small directions are known to full relative
+        precision even when r spans many orders of magnitude. Families whose field
+        inverts a Sigma-dependent matrix override this to keep that precision; the
+        default forms Sigma, which is exact for fields linear in Sigma.
+        """
+        R = scales[:, None] * unit
+        return self.gaussian_field(mean, frame @ (R @ R.T) @ frame.T, t)
+
     def covariance_growth_rate(self, t, d: int) -> Float[Array, ""] | None:
         """r(t) with |Sigma(t)| <= |Sigma(0)| e^{2 int r} for Gaussians, if known.
 

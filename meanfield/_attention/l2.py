@@ -4,7 +4,7 @@ import equinox as eqx
 import jax.numpy as jnp
 
 from .._custom_types import Param, ParamLike
-from .._linalg import inverse
+from .._linalg import graded_tilt, inverse
 from .base import (
     AbstractKernelAttention,
     bilinear_features,
@@ -81,6 +81,22 @@ class L2Attention(AbstractKernelAttention):
         eye = jnp.eye(d, dtype=mean.dtype)
         D = inverse(eye + 2 * cov @ K.T @ K)
         return 2 * V @ D @ cov @ A, V @ D @ mean
+
+    def gaussian_field_graded(self, mean, frame, scales, unit, t):
+        """As `gaussian_field`, with D Sigma = (Sigma^{-1} + 2 K^T K)^{-1} from factors.
+
+        D Sigma is bounded while Sigma may hold a huge direction; computed from
+        the factors it keeps the small directions that forming Sigma rounds away.
+        D = I - 2 (D Sigma) K^T K (Woodbury).
+        """
+        d = mean.shape[0]
+        V = param_at(self.V, t, "V", (d, d))
+        A = interaction_matrix(self, t, d)
+        _, K = self._QK(t, d)
+        KtK = K.T @ K
+        tilted = graded_tilt(frame, scales, unit, 2 * KtK)
+        D = jnp.eye(d, dtype=mean.dtype) - 2 * tilted @ KtK
+        return 2 * V @ tilted @ A, V @ D @ mean
 
     def covariance_growth_rate(self, t, d):
         """|V|_2 |Q|_2 / s_min(K) when K has full column rank (|B| <= this), else |V|.

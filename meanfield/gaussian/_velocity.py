@@ -35,6 +35,18 @@ def _affine(attn, mean, cov, t):
     return B, b
 
 
+def _affine_graded(attn, mean, frame, scales, unit, t):
+    """`_affine` for Sigma = Q diag(r) U U^T diag(r) Q^T given in factors."""
+    d = mean.shape[0]
+    B, b = jnp.zeros((d, d), mean.dtype), jnp.zeros((d,), mean.dtype)
+    for head, W in attn.flat_heads(t, d):
+        Bh, bh = head.gaussian_field_graded(mean, frame, scales, unit, t)
+        if W is not None:
+            Bh, bh = W @ Bh, W @ bh
+        B, b = B + Bh, b + bh
+    return B, b
+
+
 def _check_attention(attn) -> None:
     if not isinstance(attn, AbstractAttention):
         raise ValueError(
