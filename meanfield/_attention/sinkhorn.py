@@ -99,15 +99,18 @@ def _step(block):
     return functools.partial(_sinkhorn_step, block=block)
 
 
-def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:
+def sinkhorn_gain(A, root) -> Float[Array, "d d"]:
     """S^T Sigma^{-1} for the entropic self-coupling of N(., Sigma), cost -<A x, y>.
 
-    Stable form of docs/math.md §3: S^T Sigma^{-1} = Sigma^{1/2} X Sigma^{1/2} A with
-    X = 2 (I + (I + 4 G)^{1/2})^{-1} and G = Sigma^{1/2} A Sigma A^T Sigma^{1/2}
-    (symmetric PSD): one eigendecomposition of G, no inverse of A or Sigma.
+    `root` is any F with F F^T = Sigma (the symmetric square root, or factors
+    that keep a graded Sigma's small directions). Stable form of docs/math.md
+    §3: S^T Sigma^{-1} = F X F^T A with X = 2 (I + (I + 4 G)^{1/2})^{-1} and
+    G = M M^T, M = F^T A F (symmetric PSD; F -> F O maps X to O^T X O, so the
+    product does not depend on the choice of F): one eigendecomposition of G, no
+    inverse of A or Sigma.
     """
-    root = sym_sqrt(cov)
-    G = root @ A @ cov @ A.T @ root
+    M = root.T @ A @ root
+    G = M @ M.T
     G = (G + G.T) / 2
     if G.shape == (2, 2):  # closed forms: no eigendecomposition (see `sym_sqrt`)
         eye = jnp.eye(2, dtype=G.dtype)
@@ -116,7 +119,7 @@ def sinkhorn_gain(A, cov) -> Float[Array, "d d"]:
     else:
         gam, U = safe_eigh(G)
         X = (U * (2 / (1 + jnp.sqrt(1 + 4 * jnp.maximum(gam, 0))))[None, :]) @ U.T
-    return root @ X @ root @ A
+    return root @ X @ root.T @ A
 
 
 @register("sinkhorn")
@@ -305,5 +308,19 @@ class SinkhornAttention(AbstractAttention):
         A = interaction_matrix(self, t, d)
         if self.kernel == "l2":
             A = 2 * A
-        B = V @ sinkhorn_gain(A, cov)
+        B = V @ sinkhorn_gain(A, sym_sqrt(cov))
+        return B, V @ mean - B @ mean
+
+    def gaussian_field_graded(self, mean, frame, scales, unit, t):
+        """As `gaussian_field`, with the root F = Q diag(r) U of the factors.
+
+        The symmetric square root of a formed Sigma carries its small eigenvalues
+        with errors ~ (eps |Sigma|)^{1/2}; F carries them exactly.
+        """
+        d = mean.shape[0]
+        V = param_at(self.V, t, "V", (d, d))
+        A = interaction_matrix(self, t, d)
+        if self.kernel == "l2":
+            A = 2 * A
+        B = V @ sinkhorn_gain(A, frame @ (scales[:, None] * unit))
         return B, V @ mean - B @ mean

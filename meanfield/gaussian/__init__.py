@@ -11,13 +11,8 @@ from ._ode import (
     closed_form,
     simulate,
 )
-from ._study import (
-    BlowupStudy,
-    ParticleComparison,
-    blowup_times,
-    compare_particles,
-    numerical_rank,
-)
+from ._particles import ParticleComparison, compare_particles
+from ._study import BlowupStudy, blowup_times, numerical_rank
 from ._velocity import velocity
 
 __all__ = [

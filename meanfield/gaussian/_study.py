@@ -1,4 +1,4 @@
-"""Batched blow-up studies and particle cross-checks of the Gaussian moment ODE."""
+"""Batched blow-up studies of the Gaussian moment ODE (docs/math.md §4)."""
 
 import math
 from collections.abc import Mapping
@@ -7,18 +7,17 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int, PRNGKeyArray
+from jaxtyping import Array, Float, Int
 
 from .. import _status
 from .._attention.base import AbstractAttention
+from .._attention.softmax import SoftmaxAttention
 from .._checks import check_finite_times, check_tolerances
-from .._dynamics import simulate as simulate_particles
 from .._linalg import safe_eigh
 from .._measures import Gaussian
 from .._queue_solver import OUT_OF_STEPS, STEP_UNDERFLOW, solve_queue
 from . import _frame, _scale_shape
-from ._ode import GaussianSolution, _value_rate
-from ._ode import simulate as simulate_gaussian
+from ._ode import _value_rate
 from ._velocity import check_supported
 
 
@@ -170,9 +169,9 @@ def blowup_times(
     settings = {key: jnp.asarray(value, dtype) for key, value in settings.items()}
     times, fraction, rank, rate, status, steps = {}, {}, {}, {}, {}, {}
     for name, attn in attns.items():
-        check_supported(
-            jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, attn), gauss
-        )
+        first = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, attn)
+        check_supported(first, gauss)
+        frame_only = _needs_frame(first, float(t0), cov0.shape[0])
         arrays, static = eqx.partition(attn, eqx.is_array)
         leaves = jax.tree.leaves(arrays)
         if not leaves:
@@ -198,6 +197,7 @@ def blowup_times(
                 **settings,
                 slots=int(slots),
                 max_steps=int(max_steps),
+                frame_only=frame_only,
             )
             parts.append([np.asarray(o)[: min(width, size - start)] for o in out])
         t, r, g, s, n = (np.concatenate(p) for p in zip(*parts, strict=True))
@@ -212,6 +212,17 @@ def blowup_times(
         status=status,
         steps=steps,
     )
+
+
+def _needs_frame(attn, t0, d) -> bool:
+    """Whether a study solves in the orthogonal frame throughout (docs/math.md §4).
+
+    Softmax's B = V Sigma A is linear in Sigma: the small directions of a huge
+    Sigma barely move it, and the scale-shape coordinates (where they sit in the
+    last digits) serve. Every other head depends on them (L2 through
+    (Sigma^{-1} + 2 K^T K)^{-1}, Sinkhorn through Sigma^{-1}).
+    """
+    return not all(isinstance(h, SoftmaxAttention) for h, _ in attn.flat_heads(t0, d))
 
 
 # The implicit second pass gets max_steps // _IMPLICIT_SHARE steps per run (200 by
@@ -256,6 +267,7 @@ def _classify(
     atol,
     slots,
     max_steps,
+    frame_only,
 ):
     """Queue solve of one chunk: (times, rank, rate, status, steps) as arrays.
 
@@ -379,6 +391,63 @@ def _classify(
         # non-finite Jacobian) keeps the previous pass's verdict.
         return redo, handed & (redo.code > 0) & (redo.code != _STALLED)
 
+    def summary(shape_of, ddl_of):
+        def one(y, f, code, p):
+            attn = attn_of(p)
+            dl = f[-3] / f[-2]  # l' from the field the queue kept
+            ddl = ddl_of(y, attn)
+            blew = code == _status.BLOWUP
+            # t* - t = l'/l'' for a power law; a rotating shape can make l'' <= 0
+            # at the stop, where t* - t <= 50 / l' (p <= 50): ~1e-14 t* at
+            # threshold 1e16.
+            remaining = jnp.where(ddl > 0, dl / jnp.where(ddl > 0, ddl, 1), 0)
+            t_star = y[-2] + jnp.clip(remaining, 0, 50 / jnp.maximum(dl, eps))
+            classified = (code == _status.SUCCESS) | (code == _status.STATIONARY)
+            return (
+                jnp.where(blew, t_star, jnp.inf),
+                jnp.where(classified, numerical_rank(shape_of(y), rank_rtol), -1),
+                jnp.where(blew, jnp.inf, jnp.where(classified, dl, jnp.nan)),
+            )
+
+        return jax.vmap(one)
+
+    def as_status(codes):
+        return jnp.select(
+            [codes == c for c in _CODES], list(_CODES.values()), _status.FAILED
+        )
+
+    frame_stop = stop_rule(
+        clock_speed,
+        lambda y, f, p: _frame.relative_rate(y, attn_of(p[0]), d),
+        resolution=True,
+    )
+    scale_shape_summary = summary(
+        lambda y: _scale_shape.unpack(y, d)[0],
+        lambda y, a: _scale_shape.log_rate_derivative(y, a, d),
+    )
+    frame_summary = summary(
+        lambda y: _frame.shape(y, d),
+        lambda y, a: _frame.log_rate_derivative(y, a, d),
+    )
+
+    if frame_only:
+        # B does not grow with Sigma but depends on its small directions: solved
+        # in the frame throughout, with the budget of the explicit pass.
+        out = solve_queue(
+            frame_clock,
+            frame_stop,
+            max_step,
+            jax.vmap(lambda z: _frame.from_scale_shape(z, d))(y0),
+            params,
+            method="dopri5",
+            slots=slots,
+            max_steps=max_steps,
+            increment_relative=jnp.arange(_frame.size(d)) == _frame.size(d) - 2,
+            **options,
+        )
+        code = as_status(out.code)
+        return (*frame_summary(out.y, out.dy, code, arrays), code, out.steps)
+
     # Explicit pass on the rate clock. The runs it cannot end within the budget
     # are typically a huge Sigma on (or near) a rank-deficient steady state: the
     # rate clock crawls in t (dt/ds = 1 / |B|), and the explicit error keeps the
@@ -456,124 +525,14 @@ def _classify(
     )
     steps = steps + jnp.where(unended, framed.steps, 0)
 
-    def summary(shape_of, ddl_of):
-        def one(y, f, code, p):
-            attn = attn_of(p)
-            dl = f[-3] / f[-2]  # l' from the field the queue kept
-            ddl = ddl_of(y, attn)
-            blew = code == _status.BLOWUP
-            # t* - t = l'/l'' for a power law; a rotating shape can make l'' <= 0
-            # at the stop, where t* - t <= 50 / l' (p <= 50): ~1e-14 t* at
-            # threshold 1e16.
-            remaining = jnp.where(ddl > 0, dl / jnp.where(ddl > 0, ddl, 1), 0)
-            t_star = y[-2] + jnp.clip(remaining, 0, 50 / jnp.maximum(dl, eps))
-            classified = (code == _status.SUCCESS) | (code == _status.STATIONARY)
-            return (
-                jnp.where(blew, t_star, jnp.inf),
-                jnp.where(classified, numerical_rank(shape_of(y), rank_rtol), -1),
-                jnp.where(blew, jnp.inf, jnp.where(classified, dl, jnp.nan)),
-            )
-
-        return jax.vmap(one)
-
-    def as_status(codes):
-        return jnp.select(
-            [codes == c for c in _CODES], list(_CODES.values()), _status.FAILED
-        )
-
     code = as_status(codes)
-    scale_shape_summary = summary(
-        lambda y: _scale_shape.unpack(y, d)[0],
-        lambda y, a: _scale_shape.log_rate_derivative(y, a, d),
-    )(y, dy, code, arrays)
     framed_code = as_status(framed.code)
-    frame_summary = summary(
-        lambda y: _frame.shape(y, d),
-        lambda y, a: _frame.log_rate_derivative(y, a, d),
-    )(framed.y, framed.dy, framed_code, arrays)
     times, rank, rate = (
         jnp.where(framed_ended, b, a)
-        for a, b in zip(scale_shape_summary, frame_summary, strict=True)
+        for a, b in zip(
+            scale_shape_summary(y, dy, code, arrays),
+            frame_summary(framed.y, framed.dy, framed_code, arrays),
+            strict=True,
+        )
     )
     return times, rank, rate, jnp.where(framed_ended, framed_code, code), steps
-
-
-class ParticleComparison(eqx.Module):
-    """Empirical moments of n particles against the Gaussian moment ODE.
-
-    Attributes:
-        ts: times (T,).
-        mean_error: |mean_n(t) - alpha(t)| / sqrt(tr Sigma(t)), shape (T,) (the
-            Monte Carlo scale: ~ n^{-1/2}).
-        cov_error: |Sigma_n(t) - Sigma(t)|_F / |Sigma(t)|_F, shape (T,).
-        particles: the particle `Solution`.
-        gaussian: the `GaussianSolution`.
-    """
-
-    ts: Float[Array, " T"]
-    mean_error: Float[Array, " T"]
-    cov_error: Float[Array, " T"]
-    particles: eqx.Module
-    gaussian: GaussianSolution
-
-
-def compare_particles(
-    gauss: Gaussian,
-    attn: AbstractAttention,
-    n: int,
-    ts: ArrayLike,
-    key: PRNGKeyArray,
-    *,
-    dtype=None,
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
-) -> ParticleComparison:
-    """Sample n particles from `gauss`, simulate both, compare the moments.
-
-    The particle system is the mean-field limit's discretisation: its empirical
-    mean and covariance converge to alpha(t), Sigma(t) at the Monte Carlo rate
-    n^{-1/2} (Castin et al., 2025).
-
-    Args:
-        gauss: initial Gaussian.
-        attn: softmax, L2, Sinkhorn or multi-head attention.
-        n: number of particles.
-        ts: comparison times (T,), starting at 0.
-        key: PRNG key for the samples.
-        dtype: dtype of the particle run (default: the Gaussian's); float32 is
-            enough when the Monte Carlo error (~n^{-1/2}) dominates.
-        rtol: particle solver's relative tolerance.
-        atol: particle solver's absolute tolerance.
-
-    Returns:
-        A `ParticleComparison`.
-    """
-    ts = jnp.asarray(ts)
-    if ts.ndim != 1 or ts.shape[0] == 0:
-        raise ValueError(f"`ts` must be a non-empty 1-D array; got shape {ts.shape}.")
-    t1 = float(ts[-1])
-    mu = gauss.sample(key, n)
-    if dtype is not None:
-        mu = eqx.tree_at(
-            lambda m: (m.x, m.weights),
-            mu,
-            (mu.x.astype(dtype), mu.weights.astype(dtype)),
-        )
-        attn = jax.tree.map(
-            lambda a: a.astype(dtype) if eqx.is_inexact_array(a) else a, attn
-        )
-    psol = simulate_particles(mu, attn, t1, saveat=ts, rtol=rtol, atol=atol)
-    gsol = simulate_gaussian(gauss, attn, t1, saveat=ts)
-    x = psol.x.astype(gsol.mean.dtype)
-    emp_mean = jnp.mean(x, axis=1)
-    centred = x - emp_mean[:, None, :]
-    emp_cov = jnp.einsum("tni,tnj->tij", centred, centred) / (n - 1)
-    mean_err = jnp.linalg.norm(emp_mean - gsol.mean, axis=-1) / jnp.sqrt(
-        jnp.trace(gsol.cov, axis1=-2, axis2=-1)
-    )
-    cov_err = jnp.linalg.norm(emp_cov - gsol.cov, axis=(-2, -1)) / jnp.linalg.norm(
-        gsol.cov, axis=(-2, -1)
-    )
-    return ParticleComparison(
-        ts=ts, mean_error=mean_err, cov_error=cov_err, particles=psol, gaussian=gsol
-    )
