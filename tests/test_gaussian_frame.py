@@ -55,9 +55,7 @@ def test_frame_field_moves_sigma_by_the_moment_ode(family, d):
     np.testing.assert_allclose(dcov, expected, atol=1e-12 * np.abs(expected).max())
     np.testing.assert_allclose(speed, jnp.linalg.norm(B), rtol=1e-12)
     # l' = tr Sigma' / tr Sigma, and Q stays orthogonal to first order.
-    np.testing.assert_allclose(
-        dy[-3], jnp.trace(expected) / jnp.trace(cov), rtol=1e-12
-    )
+    np.testing.assert_allclose(dy[-3], jnp.trace(expected) / jnp.trace(cov), rtol=1e-12)
     Q = y[: d * d].reshape(d, d)
     dQ = dy[: d * d].reshape(d, d)
     np.testing.assert_allclose(Q.T @ dQ + dQ.T @ Q, 0.0, atol=1e-13)

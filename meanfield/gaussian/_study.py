@@ -256,10 +256,9 @@ _CODES = {
 @functools.partial(
     jax.jit,
     static_argnames=("static", "slots", "max_steps", "frame_only"),
-    # XLA's multi-threaded Eigen pool on CPU can deadlock on this program (all
-    # threads parked, no progress: measured on d = 8 L2 batches of 600 runs with
-    # 256 slots; 300 runs or 64 slots finished). The study's work is many small
-    # matrices, which that pool does not speed up.
+    # The study's work is many small matrices: XLA's multi-threaded Eigen pool on
+    # CPU only adds synchronisation (d = 4 softmax 63 -> 268 runs/s without it,
+    # quiet 2-core CPU; benchmarks/README.md).
     compiler_options={"xla_cpu_multi_thread_eigen": False},
 )
 def _classify(
