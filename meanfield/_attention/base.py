@@ -271,7 +271,8 @@ class AbstractAttention(eqx.Module):
         (docs/math.md §4): its small directions are known to full relative
         precision even when r spans many orders of magnitude. Families whose field
         inverts a Sigma-dependent matrix override this to keep that precision; the
-        default forms Sigma, which is exact for fields linear in Sigma.
+        default forms Sigma, which is exact for fields linear in Sigma (None
+        where the family has no Gaussian field).
         """
         R = scales[:, None] * unit
         return self.gaussian_field(mean, frame @ (R @ R.T) @ frame.T, t)

@@ -303,13 +303,7 @@ class SinkhornAttention(AbstractAttention):
         S is the cross-covariance of the entropic self-coupling of N(alpha, Sigma)
         (`sinkhorn_gain`); kernel "l2" has the limit of "dot" with A -> 2 K^T Q.
         """
-        d = mean.shape[0]
-        V = param_at(self.V, t, "V", (d, d))
-        A = interaction_matrix(self, t, d)
-        if self.kernel == "l2":
-            A = 2 * A
-        B = V @ sinkhorn_gain(A, sym_sqrt(cov))
-        return B, V @ mean - B @ mean
+        return self._gain_field(mean, sym_sqrt(cov), t)
 
     def gaussian_field_graded(self, mean, frame, scales, unit, t):
         """As `gaussian_field`, with the root F = Q diag(r) U of the factors.
@@ -317,10 +311,14 @@ class SinkhornAttention(AbstractAttention):
         The symmetric square root of a formed Sigma carries its small eigenvalues
         with errors ~ (eps |Sigma|)^{1/2}; F carries them exactly.
         """
+        return self._gain_field(mean, frame @ (scales[:, None] * unit), t)
+
+    def _gain_field(self, mean, root, t):
+        """(B, b) from a root F of Sigma (F F^T = Sigma)."""
         d = mean.shape[0]
         V = param_at(self.V, t, "V", (d, d))
         A = interaction_matrix(self, t, d)
         if self.kernel == "l2":
             A = 2 * A
-        B = V @ sinkhorn_gain(A, frame @ (scales[:, None] * unit))
+        B = V @ sinkhorn_gain(A, root)
         return B, V @ mean - B @ mean

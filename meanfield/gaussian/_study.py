@@ -424,11 +424,8 @@ def _classify(
             [codes == c for c in _CODES], list(_CODES.values()), _status.FAILED
         )
 
-    frame_stop = stop_rule(
-        clock_speed,
-        lambda y, f, p: _frame.relative_rate(y, attn_of(p[0]), d),
-        resolution=True,
-    )
+    frame_drift = lambda y, f, p: _frame.relative_rate(y, attn_of(p[0]), d)  # noqa: E731
+    frame_stop = stop_rule(clock_speed, frame_drift, resolution=True)
     scale_shape_summary = summary(
         lambda y: _scale_shape.unpack(y, d)[0],
         lambda y, a: _scale_shape.log_rate_derivative(y, a, d),
@@ -519,12 +516,7 @@ def _classify(
     frame_budget = max(1, max_steps // _FRAME_SHARE)
     framed, framed_ended = retry(
         frame_clock,
-        stop_rule(
-            clock_speed,
-            lambda y, f, p: _frame.relative_rate(y, attn_of(p[0]), d),
-            resolution=True,
-            stall=frame_budget,
-        ),
+        stop_rule(clock_speed, frame_drift, resolution=True, stall=frame_budget),
         jax.vmap(lambda z: _frame.from_scale_shape(z, d))(y),
         unended,
         method="dopri5",

@@ -16,12 +16,15 @@ from .._attention.base import AbstractAttention
 from .._measures import Gaussian
 
 
-def _affine(attn, mean, cov, t):
-    """(B, b) = sum_h W_h (B_h, b_h) over the heads; ValueError for a head without."""
+def _sum_heads(attn, mean, t, field_of):
+    """(B, b) = sum_h W_h (B_h, b_h) over the heads, (B_h, b_h) = field_of(head).
+
+    ValueError for a head without a Gaussian field.
+    """
     d = mean.shape[0]
     B, b = jnp.zeros((d, d), mean.dtype), jnp.zeros((d,), mean.dtype)
     for head, W in attn.flat_heads(t, d):
-        field = head.gaussian_field(mean, cov, t)
+        field = field_of(head)
         if field is None:
             raise ValueError(
                 f"`attn` of type {type(head).__name__} is not supported on Gaussians: "
@@ -35,16 +38,19 @@ def _affine(attn, mean, cov, t):
     return B, b
 
 
+def _affine(attn, mean, cov, t):
+    """(B, b) of N(mean, cov), summed over the heads."""
+    return _sum_heads(attn, mean, t, lambda h: h.gaussian_field(mean, cov, t))
+
+
 def _affine_graded(attn, mean, frame, scales, unit, t):
     """`_affine` for Sigma = Q diag(r) U U^T diag(r) Q^T given in factors."""
-    d = mean.shape[0]
-    B, b = jnp.zeros((d, d), mean.dtype), jnp.zeros((d,), mean.dtype)
-    for head, W in attn.flat_heads(t, d):
-        Bh, bh = head.gaussian_field_graded(mean, frame, scales, unit, t)
-        if W is not None:
-            Bh, bh = W @ Bh, W @ bh
-        B, b = B + Bh, b + bh
-    return B, b
+    return _sum_heads(
+        attn,
+        mean,
+        t,
+        lambda h: h.gaussian_field_graded(mean, frame, scales, unit, t),
+    )
 
 
 def _check_attention(attn) -> None:
