@@ -152,12 +152,13 @@ def solve_queue(
     increment_relative=None,
     method: str = "dopri5",
     count=None,
-    batch: int | None = None,
 ) -> QueueResult:
     """Solve N independent ODEs dy/ds = field(y, p) with `slots` of them at a time.
 
     Args:
-        field: (y (m,), p) -> dy/ds (m,), for one run (vmapped here).
+        field: (y (m,), p) -> dy/ds (m,), for one run (mapped over the slots
+            by `map_runs`: where it, or RODAS's LU, calls LAPACK the slots go
+            through in chunks that jaxlib runs inline).
         stop: (y, dy, y_prev, dy_prev, p, steps) -> int32 code after an accepted
             step (steps: attempted so far, this one included):
             0 to go on, > 0 to end the run with that code.
@@ -181,10 +182,6 @@ def solve_queue(
         count: solve only the first `count` runs (may be traced, so one
             compilation serves any number of runs up to N); the others keep code
             0 and zero states.
-        batch: runs evaluated per vectorised call (default: all slots); the
-            slots go through in chunks of `batch` so that batched LAPACK calls in
-            the field (or RODAS's LU) stay below jaxlib's fan-out threshold
-            (`meanfield._batching`).
 
     Returns:
         A `QueueResult`.
@@ -195,14 +192,13 @@ def solve_queue(
     n, m = y0.shape
     slots = min(slots, n)
     dtype = y0.dtype
-    per_slot = lambda fn, *a: map_runs(fn, *a, batch=batch or slots)  # noqa: E731
     count = jnp.asarray(n if count is None else count)
 
     def take(idx):
         safe = jnp.minimum(idx, n - 1)
         p = jax.tree.map(lambda a: a[safe], params)
         y = y0[safe]
-        return y, per_slot(field, y, p), p
+        return y, map_runs(field, y, p), p
 
     first = jnp.arange(slots)
     y, f, p = take(first)
@@ -212,7 +208,7 @@ def solve_queue(
         y=y,
         f=f,
         p=p,
-        h=jnp.minimum(jnp.asarray(h0, dtype), per_slot(max_step, y, f, p)),
+        h=jnp.minimum(jnp.asarray(h0, dtype), map_runs(max_step, y, f, p)),
         steps=jnp.zeros((slots,), jnp.int32),
         next=jnp.minimum(jnp.asarray(slots), count),
         out_y=jnp.zeros((n, m), dtype),
@@ -225,7 +221,7 @@ def solve_queue(
     def step(state):
         active = state["idx"] < n
         y, f, p, h = state["y"], state["f"], state["p"], state["h"]
-        y_new, f_new, err = per_slot(lambda *a: rk_step(field, *a), y, f, p, h)
+        y_new, f_new, err = map_runs(lambda *a: rk_step(field, *a), y, f, p, h)
         size = jnp.maximum(jnp.abs(y), jnp.abs(y_new))
         if increment_relative is not None:
             size = jnp.where(increment_relative, jnp.abs(y_new - y), size)
@@ -233,14 +229,14 @@ def solve_queue(
         ok = jnp.isfinite(err_norm) & jnp.all(jnp.isfinite(y_new), axis=-1)
         accept = active & ok & (err_norm <= 1)
         code = jnp.where(
-            accept, per_slot(stop, y_new, f_new, y, f, p, state["steps"] + 1), 0
+            accept, map_runs(stop, y_new, f_new, y, f, p, state["steps"] + 1), 0
         )
         y = jnp.where(accept[:, None], y_new, y)
         f = jnp.where(accept[:, None], f_new, f)
         # Standard I-controller, growth at most 10x per step, 5x shrink on failure.
         factor = jnp.where(ok, 0.9 * jnp.maximum(err_norm, 1e-10) ** -exponent, 0.2)
         factor = jnp.clip(factor, 0.2, jnp.where(accept, 10.0, 1.0))
-        h = jnp.minimum(h * factor, per_slot(max_step, y, f, p))
+        h = jnp.minimum(h * factor, map_runs(max_step, y, f, p))
         steps = state["steps"] + active
         code = jnp.where(
             (code == 0) & active & ((h < h_min) | ~jnp.isfinite(h)),
@@ -263,7 +259,7 @@ def solve_queue(
         def refill(args):
             y, f, p, h, steps = args
             y_in, f_in, p_in = take(idx)
-            h_in = jnp.minimum(h0, per_slot(max_step, y_in, f_in, p_in))
+            h_in = jnp.minimum(h0, map_runs(max_step, y_in, f_in, p_in))
             fresh = done & (idx < n)
             pick = lambda a, b: jnp.where(  # noqa: E731
                 fresh.reshape((-1,) + (1,) * (a.ndim - 1)), a, b

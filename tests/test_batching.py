@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import meanfield as mf
-from meanfield._batching import inline_batch, map_runs
+from meanfield._batching import inline_batch, map_runs, safe_batch
 from meanfield.gaussian import _study
 
 
@@ -27,6 +27,24 @@ def test_inline_batch_stays_under_the_fan_out_threshold():
         assert b >= 1
         # 10 m^3 is jaxlib's largest per-matrix cost estimate; b + 1 would reach it.
         assert b == 1 or b * 10 * m**3 < 200_000 <= (b + 1) * 10 * m**3
+
+
+def test_safe_batch_finds_lapack_calls_wherever_they_are():
+    x = jnp.zeros((1000, 8, 8))
+    assert safe_batch(lambda a: a @ a + 1, x) is None  # no LAPACK: one vmap
+    assert safe_batch(lambda a: jnp.linalg.eigh(a)[0], x) == inline_batch(8)
+    # Inside a cond branch and a nested jit, and the largest matrix decides.
+    nested = jax.jit(
+        lambda a: jax.lax.cond(a[0, 0] > 0, jnp.linalg.inv, lambda b: b, a)
+    )
+    assert safe_batch(nested, x) == inline_batch(8)
+    assert safe_batch(lambda a: jnp.linalg.det(jnp.kron(a, a)), x) == inline_batch(64)
+    # A call that already batches 5 problems per run leaves a fifth of the runs.
+    stack = lambda a: jnp.linalg.eigh(jnp.stack([a] * 5))[0]  # noqa: E731
+    assert safe_batch(stack, x) == inline_batch(8) // 5
+    # Derivatives count too (RODAS's Jacobian of a field that solves).
+    jac = jax.jacfwd(lambda a: jnp.linalg.solve(a, a[0]))
+    assert safe_batch(jac, x) == inline_batch(8)
 
 
 @pytest.mark.parametrize("batch", [1, 7, 40, 100])

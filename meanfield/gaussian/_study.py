@@ -13,7 +13,7 @@ from jaxtyping import Array, Float, Int
 from .. import _status
 from .._attention.base import AbstractAttention
 from .._attention.softmax import SoftmaxAttention
-from .._batching import inline_batch, map_runs
+from .._batching import map_runs
 from .._checks import check_finite_times, check_tolerances
 from .._linalg import safe_eigh
 from .._measures import Gaussian
@@ -293,17 +293,12 @@ def _classify(
     ell0 = y0[0, -3]
     big = math.log(jnp.finfo(dtype).max) / 2  # e^l and |B| stay representable
     attn_of = lambda p: eqx.combine(p, static)  # noqa: E731
-    # Runs per vectorised call: the fields' batched d x d LAPACK calls (and
-    # RODAS's LU of the state-sized Jacobian) stay below jaxlib's fan-out, which
-    # can hang on a few cores (`meanfield._batching`).
-    batch = inline_batch(d)
-    per_run = lambda fn, *args: map_runs(fn, *args, batch=batch)  # noqa: E731
 
     if _scale_shape.depends_on_time(static):
         params = (arrays, jnp.zeros((n,), dtype))
         growth_of = lambda p: None  # noqa: E731
     else:  # the bound's rate 2 r is constant: once per run, not per stage
-        growth = per_run(lambda a: 2 * _value_rate(attn_of(a), t0, d), arrays)
+        growth = map_runs(lambda a: 2 * _value_rate(attn_of(a), t0, d), arrays)
         params = (arrays, growth.astype(dtype))
         growth_of = lambda p: p[1]  # noqa: E731
 
@@ -381,14 +376,12 @@ def _classify(
         left = jnp.maximum(t_max - y[-2], 0)
         return jnp.where(f[-2] > 0, left / f[-2], jnp.inf)
 
-    options = dict(rtol=rtol, atol=atol, h0=1e-3, h_min=16 * eps, batch=batch)
+    options = dict(rtol=rtol, atol=atol, h0=1e-3, h_min=16 * eps)
     clock_speed = lambda y, f, p: 1 / f[-2] - 1  # noqa: E731  |B| on a rate clock
 
     def retry(field, stop, y_from, handed, *, method, share, slot_share):
         """Solve the `handed` runs again from `y_from`; (result, handed & ended)."""
         order = jnp.argsort(~handed, stable=True)  # the handed runs first
-        # RODAS factorises the state-sized Jacobian: fewer runs per call.
-        per_call = inline_batch(y_from.shape[1]) if method == "rodas4" else batch
         redo = solve_queue(
             field,
             stop,
@@ -399,7 +392,7 @@ def _classify(
             count=jnp.sum(handed),
             slots=max(1, slots // slot_share),
             max_steps=max(1, max_steps // share),
-            **(options | {"batch": per_call}),
+            **options,
         )
         back = jnp.argsort(order)
         redo = jax.tree.map(lambda a: a[back] if a.ndim else a, redo)
@@ -425,7 +418,7 @@ def _classify(
                 jnp.where(blew, jnp.inf, jnp.where(classified, dl, jnp.nan)),
             )
 
-        return lambda *args: per_run(one, *args)
+        return lambda *args: map_runs(one, *args)
 
     def as_status(codes):
         return jnp.select(
@@ -450,7 +443,7 @@ def _classify(
             frame_clock,
             frame_stop,
             max_step,
-            per_run(lambda z: _frame.from_scale_shape(z, d), y0),
+            map_runs(lambda z: _frame.from_scale_shape(z, d), y0),
             params,
             method="dopri5",
             slots=slots,
@@ -525,7 +518,7 @@ def _classify(
     framed, framed_ended = retry(
         frame_clock,
         stop_rule(clock_speed, frame_drift, resolution=True, stall=frame_budget),
-        per_run(lambda z: _frame.from_scale_shape(z, d), y),
+        map_runs(lambda z: _frame.from_scale_shape(z, d), y),
         unended,
         method="dopri5",
         share=_FRAME_SHARE,
