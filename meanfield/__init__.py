@@ -31,6 +31,7 @@ _ENGINE = {
     "Solution": "._dynamics",
     "layers": "._dynamics",
     "simulate": "._dynamics",
+    "simulate_ensemble": "._ensemble",
     "AbstractMeasure": "._measures",
     "AbstractParticles": "._measures",
     "Gaussian": "._measures",
@@ -81,6 +82,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from ._attention.sinkhorn import SinkhornAttention, SinkhornPotentials
     from ._attention.softmax import SoftmaxAttention
     from ._dynamics import SOLVERS, Solution, layers, simulate
+    from ._ensemble import simulate_ensemble
     from ._measures import (
         AbstractMeasure,
         AbstractParticles,

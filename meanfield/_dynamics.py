@@ -65,9 +65,15 @@ class Solution(eqx.Module):
     initial: AbstractParticles
 
     @property
-    def status(self) -> str:
-        """'success' | 'blowup' | 'max_steps' | 'sinkhorn_not_converged' | 'failed'."""
-        return _status.name(self.result)
+    def status(self) -> str | np.ndarray:
+        """'success' | 'blowup' | 'max_steps' | 'sinkhorn_not_converged' | 'failed'.
+
+        An array of such names for an ensemble (`mf.simulate_ensemble`).
+        """
+        codes = np.asarray(self.result)
+        if codes.ndim == 0:
+            return _status.name(codes)
+        return np.vectorize(_status.name, otypes=[object])(codes)
 
     @property
     def reached(self) -> Array:
@@ -195,9 +201,15 @@ def _final_result(dfx_result, event_mask, flags):
         dfx_result == dfx.RESULTS.max_steps_reached, _status.MAX_STEPS, _status.FAILED
     )
     code = jnp.where(dfx_result == dfx.RESULTS.successful, _status.SUCCESS, code)
+    # The solvers here are explicit: the only nonlinear solve is the root find
+    # that locates the blow-up event, so "nonlinear_max_steps_reached" means the
+    # event fired. Under jax.vmap (`mf.simulate_ensemble`) diffrax reports it
+    # for members whose event it did locate, with event_mask False (their
+    # t_final equals the single solve's blow-up time to every digit).
     ended_by_event = (
         (dfx_result == dfx.RESULTS.event_occurred)
         | (dfx_result == dfx.RESULTS.dt_min_reached)
+        | (dfx_result == dfx.RESULTS.nonlinear_max_steps_reached)
         | hit_event
     )
     code = jnp.where(ended_by_event, _status.BLOWUP, code)

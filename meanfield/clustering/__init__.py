@@ -12,18 +12,30 @@ arrays (`rescale` excepted), in O(n d + 16 n) memory: never an (n, n) matrix.
 from ._detect import Clusters, clusters, detect
 from ._over_time import CONSENSUS_TOL as CONSENSUS_TOL
 from ._over_time import ClusterCounts, cluster_counts, consensus_time, diameter
+from ._phase import (
+    PhaseDiagram,
+    equiangular_rate,
+    equiangular_time,
+    pair_alignment,
+    phase_diagram,
+)
 from ._polytope import Polytope, polytope
 from ._rescale import rescale
 
 __all__ = [
     "ClusterCounts",
     "Clusters",
+    "PhaseDiagram",
     "Polytope",
     "cluster_counts",
     "clusters",
     "consensus_time",
     "detect",
     "diameter",
+    "equiangular_rate",
+    "equiangular_time",
+    "pair_alignment",
+    "phase_diagram",
     "polytope",
     "rescale",
 ]

@@ -1,0 +1,212 @@
+"""Phase diagrams of clustering over the temperature beta (ensembles of systems).
+
+Geshkovski, Letrouit, Polyanskiy & Rigollet ("A mathematical perspective on
+Transformers", 2023) draw, for n tokens uniform on the sphere with A = beta I and
+V = I, the fraction of token pairs that have merged as a function of beta and t.
+`phase_diagram` computes that heat map from `mf.simulate_ensemble` solves, and
+`equiangular_time` the curve it is compared with: n tokens with all pairwise inner
+products equal to rho stay equiangular, with (docs/math.md §7)
+
+    rho' = 2 (1 - rho) ((n - 1) rho + 1) / (e^{beta (1 - rho)} + n - 1).
+"""
+
+import math
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+from jaxtyping import Array, Float
+from scipy.integrate import quad
+
+from .._attention.ill_posed import UnnormalizedAttention
+from .._attention.softmax import SoftmaxAttention
+from .._ensemble import simulate_ensemble
+from .._measures import MaskedParticles, Particles
+
+ATTENTIONS = ("softmax", "unnormalized")
+# Systems x saves x n^2 Gram entries held at once by pair_alignment.
+_GRAM_ENTRIES = 1 << 22
+
+
+def _aligned_fraction(x, eps):
+    """Fraction of off-diagonal pairs of x (n, d) with <theta_i, theta_j> > 1 - eps."""
+    n = x.shape[-2]
+    theta = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    gram = theta @ theta.T
+    aligned = jnp.sum(gram > 1 - eps) - jnp.sum(jnp.diag(gram) > 1 - eps)
+    fraction = aligned / (n * (n - 1))
+    return jnp.where(jnp.all(jnp.isfinite(x)), fraction, jnp.nan)
+
+
+def pair_alignment(x: Float[Array, "... n d"], eps: float = 1e-3) -> Array:
+    """Fraction of token pairs i != j with aligned directions: <θᵢ, θⱼ> > 1 − eps.
+
+    Args:
+        x: tokens, shape (..., n, d), any leading axes (systems, save times).
+            θᵢ = xᵢ / |xᵢ|.
+        eps: alignment tolerance on the inner product of directions.
+
+    Returns:
+        Shape (...): 1 when every pair is aligned (one cluster); NaN where a
+        system holds a non-finite token (a save after a blow-up).
+
+    Raises:
+        ValueError: x with fewer than 2 tokens or fewer than 2 axes, eps outside (0, 2).
+    """
+    x = jnp.asarray(x)
+    if x.ndim < 2 or x.shape[-2] < 2:
+        raise ValueError(f"`x` must have shape (..., n, d) with n >= 2; got {x.shape}.")
+    if not 0 < eps < 2:
+        raise ValueError(f"`eps` must be in (0, 2); got {eps}.")
+    lead = x.shape[:-2]
+    flat = x.reshape((-1,) + x.shape[-2:])
+    batch = max(1, _GRAM_ENTRIES // x.shape[-2] ** 2)
+    out = jax.lax.map(lambda a: _aligned_fraction(a, eps), flat, batch_size=batch)
+    return out.reshape(lead)
+
+
+def equiangular_rate(rho, beta: float, n: int):
+    """Rate rho' of n equiangular tokens on the sphere (softmax, A = beta I, V = I)."""
+    rho = np.asarray(rho, np.float64)
+    return 2 * (1 - rho) * ((n - 1) * rho + 1) / (np.exp(beta * (1 - rho)) + n - 1)
+
+
+def equiangular_time(
+    beta: float, n: int, eps: float = 1e-3, rho0: float = 0.0
+) -> float:
+    """Time for n equiangular tokens to go from <θᵢ, θⱼ> = rho0 to 1 − eps.
+
+    t = ∫ d rho / rho'(rho) from rho0 to 1 - eps (adaptive quadrature; the rate
+    is positive on (-1/(n-1), 1)).
+
+    Raises:
+        ValueError: rho0 outside (-1/(n-1), 1 - eps).
+    """
+    if not -1 / (n - 1) < rho0 < 1 - eps:
+        raise ValueError(
+            f"`rho0` must be in (-1/(n-1), 1 - eps) = ({-1 / (n - 1):.3g}, {1 - eps}); "
+            f"got {rho0}."
+        )
+    value, _ = quad(
+        lambda r: 1 / equiangular_rate(r, beta, n), rho0, 1 - eps, limit=200
+    )
+    return float(value)
+
+
+class PhaseDiagram(eqx.Module):
+    """Pair alignment over (beta, t) for an ensemble of systems per beta.
+
+    Attributes:
+        betas: temperatures (K,).
+        ts: save times (T,).
+        density: mean over systems of `pair_alignment` (K, T).
+        one_cluster: fraction of systems whose pairs are all aligned (K, T).
+        n: tokens per system.
+        eps: the alignment tolerance.
+    """
+
+    betas: np.ndarray
+    ts: np.ndarray
+    density: np.ndarray
+    one_cluster: np.ndarray
+    n: int = eqx.field(static=True)
+    eps: float = eqx.field(static=True)
+
+    def theory(self, rho0: float = 0.0) -> np.ndarray:
+        """Equiangular merging time of each beta (K,), from <θᵢ, θⱼ> = rho0."""
+        return np.array(
+            [equiangular_time(float(b), self.n, self.eps, rho0) for b in self.betas]
+        )
+
+
+def phase_diagram(
+    betas,
+    *,
+    n: int = 32,
+    d: int = 2,
+    systems: int = 2048,
+    t1: float = 30.0,
+    saveat=None,
+    key: Array | None = None,
+    attention: str = "softmax",
+    normalization: str = "sphere",
+    masked: bool = False,
+    eps: float = 1e-3,
+    chunk_size: int | None = 65_536,
+    progress: bool = False,
+    **options,
+) -> PhaseDiagram:
+    """Clustering phase diagram: pair alignment over beta and t.
+
+    For each beta, `systems` systems of n tokens drawn uniformly on the sphere
+    S^{d-1}, A = beta I, V = I, solved with `mf.simulate_ensemble` (all betas in
+    one ensemble, so one compilation).
+
+    Args:
+        betas: temperatures (K,), positive.
+        n: tokens per system.
+        d: dimension.
+        systems: systems per beta.
+        t1: horizon.
+        saveat: save times (T,); default 31 points on [0, t1].
+        key: PRNG key of the initial tokens (default jax.random.key(0)).
+        attention: "softmax" or "unnormalized" (k = e^{beta <x, y>}, no
+            normalisation).
+        normalization: forwarded to `mf.simulate` ("sphere" for the LayerNorm
+            model).
+        masked: causal attention (token i attends to j <= i).
+        eps: alignment tolerance of `pair_alignment`.
+        chunk_size: systems per compiled call (bounds memory).
+        progress: progress bar over the chunks.
+        **options: forwarded to `mf.simulate` (rtol, atol, solver, ...).
+
+    Returns:
+        A `PhaseDiagram`.
+
+    Raises:
+        ValueError: unknown attention, non-positive betas, n < 2, d < 1, systems < 1.
+    """
+    betas = np.asarray(betas, np.float64).reshape(-1)
+    if attention not in ATTENTIONS:
+        raise ValueError(f"`attention` must be one of {ATTENTIONS}; got {attention!r}.")
+    if betas.size == 0 or not np.all(betas > 0) or not np.all(np.isfinite(betas)):
+        raise ValueError(f"`betas` must be positive and finite; got {betas}.")
+    for label, value, low in (("n", n, 2), ("d", d, 1), ("systems", systems, 1)):
+        if int(value) < low:
+            raise ValueError(f"`{label}` must be an integer >= {low}; got {value}.")
+    ts = np.linspace(0.0, t1, 31) if saveat is None else np.asarray(saveat, np.float64)
+    key = jr.key(0) if key is None else key
+    dtype = jnp.result_type(float)
+    x = jr.normal(key, (betas.size * systems, n, d), dtype)
+    x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    if masked:
+        positions = jnp.broadcast_to(jnp.arange(n, dtype=dtype) / n, x.shape[:2])
+        measures = jax.vmap(MaskedParticles)(x, positions)
+    else:
+        measures = jax.vmap(Particles)(x)
+    family = SoftmaxAttention if attention == "softmax" else UnnormalizedAttention
+    eye = jnp.eye(d, dtype=dtype)
+    per_system = jnp.repeat(jnp.asarray(betas, dtype), systems)
+    attn = jax.vmap(lambda b: family(eye, A=b * eye))(per_system)
+    sol = simulate_ensemble(
+        measures,
+        attn,
+        float(t1),
+        batched_attention=True,
+        saveat=ts,
+        normalization=normalization,
+        chunk_size=chunk_size,
+        progress=progress,
+        **options,
+    )
+    aligned = np.asarray(pair_alignment(sol.x, eps)).reshape(betas.size, systems, -1)
+    return PhaseDiagram(
+        betas=betas,
+        ts=ts,
+        density=np.nanmean(aligned, axis=1),
+        one_cluster=np.mean(aligned >= 1 - 0.5 / math.comb(n, 2), axis=1),
+        n=int(n),
+        eps=float(eps),
+    )

@@ -1,0 +1,120 @@
+"""Pair alignment, the equiangular ODE and clustering phase diagrams.
+
+Geshkovski, Letrouit, Polyanskiy & Rigollet ("A mathematical perspective on
+Transformers", 2023): n tokens with equal pairwise inner products rho stay
+equiangular on the sphere, rho' = 2 (1 - rho) ((n - 1) rho + 1) /
+(e^{beta (1 - rho)} + n - 1) (docs/math.md §7).
+"""
+
+import itertools
+
+import jax.numpy as jnp
+import jax.random as jr
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import meanfield as mf
+from meanfield.clustering import equiangular_rate, equiangular_time, pair_alignment
+
+
+def _naive_alignment(x, eps):
+    theta = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    n = len(x)
+    pairs = [
+        theta[i] @ theta[j] > 1 - eps
+        for i, j in itertools.product(range(n), range(n))
+        if i != j
+    ]
+    return np.mean(pairs)
+
+
+def test_pair_alignment_matches_a_double_loop():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3, 4, 6, 2))
+    x[0, 1, 2] = x[0, 1, 4] * 3.0  # one aligned pair, at another radius
+    x[1, 2, :3] = x[1, 2, 3]  # four tokens on one direction
+    got = np.asarray(pair_alignment(x, eps=1e-6))
+    want = np.array(
+        [[[_naive_alignment(x[a, b, :, :], 1e-6)] for b in range(4)] for a in range(3)]
+    )[..., 0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
+    assert got[0, 1] == pytest.approx(2 / 30) and got[1, 2] == pytest.approx(12 / 30)
+    x[2, 0, 1, 0] = np.inf  # a save after a blow-up
+    assert np.isnan(pair_alignment(x)[2, 0])
+    with pytest.raises(ValueError, match="eps"):
+        pair_alignment(x, eps=0.0)
+
+
+@pytest.mark.parametrize("beta", [0.5, 4.0])
+def test_equiangular_tokens_follow_the_scalar_ode(beta):
+    """n = 4 orthonormal tokens in d = 4 (rho0 = 0) under the sphere dynamics."""
+    n = 4
+    ts = np.linspace(0, 6, 13)
+    eye = jnp.eye(n)
+    sol = mf.simulate(
+        mf.Particles(eye),
+        mf.SoftmaxAttention(eye, A=beta * eye),
+        6.0,
+        saveat=ts,
+        normalization="sphere",
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    gram = np.einsum("tid,tjd->tij", np.asarray(sol.x), np.asarray(sol.x))
+    off = gram[:, ~np.eye(n, dtype=bool)]  # (T, n(n-1)): all equal
+    assert np.max(np.ptp(off, axis=1)) < 1e-10
+    ref = solve_ivp(
+        lambda t, r: equiangular_rate(r, beta, n),
+        (0, 6),
+        [0.0],
+        t_eval=ts,
+        method="DOP853",
+        rtol=1e-13,
+        atol=1e-14,
+    )
+    np.testing.assert_allclose(off[:, 0], ref.y[0], rtol=0, atol=1e-9)
+
+
+def test_equiangular_time_is_the_ode_hitting_time():
+    beta, n, eps = 3.0, 32, 1e-3
+    hit = lambda t, r: r[0] - (1 - eps)  # noqa: E731
+    hit.terminal = True
+    ref = solve_ivp(
+        lambda t, r: equiangular_rate(r, beta, n),
+        (0, 1e3),
+        [0.0],
+        events=hit,
+        method="DOP853",
+        rtol=1e-12,
+        atol=1e-14,
+    )
+    assert equiangular_time(beta, n, eps) == pytest.approx(ref.t_events[0][0], rel=1e-8)
+    with pytest.raises(ValueError, match="rho0"):
+        equiangular_time(beta, n, eps, rho0=-0.5)
+
+
+def test_phase_diagram_is_the_mean_alignment_of_its_systems():
+    betas, systems, n, d = np.array([1.0, 6.0]), 4, 6, 2
+    ts = np.linspace(0, 8, 5)
+    pd = mf.clustering.phase_diagram(
+        betas, n=n, d=d, systems=systems, t1=8.0, saveat=ts, key=jr.key(3)
+    )
+    assert pd.density.shape == (2, 5) and pd.one_cluster.shape == (2, 5)
+    x = jr.normal(jr.key(3), (2 * systems, n, d))
+    x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    for k, beta in enumerate(betas):
+        aligned = []
+        for s in range(systems):
+            one = mf.simulate(
+                mf.Particles(x[k * systems + s]),
+                mf.SoftmaxAttention(jnp.eye(d), A=beta * jnp.eye(d)),
+                8.0,
+                saveat=ts,
+                normalization="sphere",
+            )
+            aligned.append(np.asarray(pair_alignment(one.x)))
+        aligned = np.array(aligned)
+        np.testing.assert_allclose(pd.density[k], aligned.mean(0), atol=1e-12)
+        np.testing.assert_allclose(pd.one_cluster[k], (aligned == 1).mean(0))
+    assert pd.theory().shape == (2,) and np.all(np.diff(pd.theory()) > 0)
