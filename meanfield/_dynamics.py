@@ -14,7 +14,7 @@ import numpy as np
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from . import _status
+from . import _normalization, _status
 from ._attention.base import AbstractAttention
 from ._checks import check_finite_times, check_tolerances, is_traced
 from ._clock import (
@@ -26,6 +26,8 @@ from ._clock import (
 )
 from ._linalg import host_row_norms, row_norms
 from ._measures import AbstractParticles
+from ._normalization import NORMALIZATIONS as NORMALIZATIONS
+from ._normalization import ON_SPHERE
 from ._step_floor import FlooredPIDController
 
 _ADAPTIVE_SOLVERS = {
@@ -39,7 +41,6 @@ _ADAPTIVE_SOLVERS = {
 }
 _FIXED_STEP_SOLVERS = {"euler": dfx.Euler}
 SOLVERS = tuple(sorted(_ADAPTIVE_SOLVERS) + sorted(_FIXED_STEP_SOLVERS))
-NORMALIZATIONS = (None, "sphere")
 
 
 class Solution(eqx.Module):
@@ -92,12 +93,7 @@ class Solution(eqx.Module):
         return eqx.tree_at(lambda m: m.x, self.initial, self.x[int(i)])
 
 
-def _project_sphere(x, vel):
-    # P_x^perp v = v - <x, v> x: the LayerNorm model keeps |x_i| = 1.
-    return vel - jnp.sum(x * vel, axis=-1, keepdims=True) * x
-
-
-def _velocity_field(attn, measure, normalization, t0, rate):
+def _velocity_field(attn, measure, normalization, alpha, t0, rate):
     """(s, state) -> d state / ds on the solver clock (`_clock`), state = (x, flags).
 
     The field is rate Gamma(t) at t = t0 + s rate (rate = dt/ds). flags integrates two
@@ -116,13 +112,9 @@ def _velocity_field(attn, measure, normalization, t0, rate):
     def field(s, state, args):
         x, _ = state
         t = to_t(s, t0, rate)
-        if normalization == "sphere":
-            # Evaluate on the sphere: radial round-off drift cannot feed back.
-            x = x / row_norms(x, keepdims=True)
-        mu = eqx.tree_at(lambda m: m.x, measure, x)
-        vel, converged = attn.velocity_and_status(mu, t=t)
-        if normalization == "sphere":
-            vel = _project_sphere(x, vel)
+        vel, converged = _normalization.velocity(
+            attn, measure, x, t, normalization, alpha
+        )
         ulp_t = jnp.finfo(x.dtype).eps * jnp.maximum(jnp.abs(t), 1)
         min_efold = jnp.maximum(1e-10 * s * rate, 1000 * ulp_t)
         speed = jnp.max(row_norms(vel))
@@ -162,13 +154,14 @@ def _check_common(measure, attn, normalization):
         raise ValueError(
             f"`normalization` must be one of {NORMALIZATIONS}; got {normalization!r}."
         )
-    if normalization == "sphere" and not is_traced(measure.x):
+    if _normalization.needs_directions(normalization) and not is_traced(measure.x):
         zero = ~np.any(np.asarray(measure.x) != 0, axis=-1)
         if zero.any():
             rows = np.flatnonzero(zero).tolist()
             raise ValueError(
-                '`measure` must have no zero token with normalization="sphere" '
-                f"(it has no direction on the sphere); rows {rows[:5]} are zero."
+                "`measure` must have no zero token with "
+                f"normalization={normalization!r} (it has no direction); rows "
+                f"{rows[:5]} are zero."
             )
     return measure
 
@@ -235,6 +228,7 @@ def simulate(
     dt0: float | None = None,
     max_steps: int = 100_000,
     normalization: str | None = None,
+    ngpt_alpha: float = 0.2,
     blowup_radius: float = 1e8,
     progress: bool = False,
     adjoint: dfx.AbstractAdjoint | None = None,
@@ -258,10 +252,15 @@ def simulate(
         atol: absolute tolerance of the adaptive step-size controller.
         dt0: initial step; when given, the step is constant (fixed-step solve).
         max_steps: step budget; running out gives status "max_steps", not an error.
-        normalization: None, or "sphere" for the LayerNorm model of Geshkovski et
-            al. (x_i' = P_{x_i}^perp Gamma(x_i)). Initial points are normalised, the
+        normalization: where the LayerNorm sits (`meanfield._normalization`,
+            docs/math.md §1): None; "sphere", the post-LN model of Geshkovski et
+            al. (x_i' = P_{x_i}^perp Gamma(x_i)); "pre-ln" (x_i' = Gamma_nu(theta_i),
+            nu the measure of directions theta = x/|x|); "peri-ln" (the same,
+            normalised to unit speed); "ngpt" (theta_i' = alpha P^perp of the unit
+            output). For "sphere" and "ngpt" initial points are normalised, the
             field is evaluated on the sphere, and saved points are projected on it
             (projection method), so |x_i| = 1 to rounding.
+        ngpt_alpha: the step scale alpha of "ngpt".
         blowup_radius: stop with status "blowup" when max_i |x_i| reaches it (located
             by root finding on log max_i |x_i| - log R). A blow-up is also reported
             when the velocity overflows the dtype or the e-folding time
@@ -280,7 +279,7 @@ def simulate(
         ValueError: bad measure/attention type, unknown solver or normalization,
             fixed-step solver without dt0, t0 or t1 not finite, t1 <= t0,
             blowup_radius not above the initial radius, negative rtol/atol or
-            both 0, a zero token with normalization="sphere".
+            both 0, a zero token with a normalization.
     """
     measure = _check_common(measure, attn, normalization)
     solver, adaptive = _solver(solver)
@@ -291,7 +290,7 @@ def simulate(
         raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
     # On the sphere every token starts at radius 1.
     _check_start_inside(
-        np.ones((1, 1)) if normalization == "sphere" else measure.x, blowup_radius
+        np.ones((1, 1)) if normalization in ON_SPHERE else measure.x, blowup_radius
     )
     if adaptive and dt0 is None:
         check_tolerances(rtol, atol)
@@ -328,6 +327,7 @@ def simulate(
         solver=solver,
         max_steps=int(max_steps),
         normalization=normalization,
+        alpha=float(ngpt_alpha),
         progress=bool(progress),
         adjoint=adjoint,
     )
@@ -350,6 +350,7 @@ def _solve(
     solver,
     max_steps,
     normalization,
+    alpha,
     progress,
     adjoint,
 ) -> Solution:
@@ -361,7 +362,7 @@ def _solve(
     only (`_clock.checked_on_host`), so the program holds no host callback and
     JAX's persistent cache can keep it.
     """
-    if normalization == "sphere":
+    if normalization in ON_SPHERE:
         measure = _on_sphere(measure)
     x0 = measure.x
     dtype = x0.dtype
@@ -420,7 +421,7 @@ def _solve(
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
     with checked_on_host(fractions):
         sol = diffeqsolve_in_jit(
-            dfx.ODETerm(_velocity_field(attn, measure, normalization, t0, rate)),
+            dfx.ODETerm(_velocity_field(attn, measure, normalization, alpha, t0, rate)),
             solver,
             # Concrete times in the state's dtype (diffrax would promote a float32
             # state to a float64 time).
@@ -441,7 +442,7 @@ def _solve(
     # stop in t: exactly t1 at the end of the clock.
     ts = jnp.where(jnp.isfinite(s_saved), ts.astype(dtype), jnp.inf)
     t_final = jnp.where(s_end[0] == length, t1, to_t(s_end[0], t0, rate))
-    if normalization == "sphere":
+    if normalization in ON_SPHERE:
         # Projection method (Hairer, Lubich & Wanner, GNI IV.4): the field is evaluated
         # at x/|x|, so radial round-off (O(rtol t)) never feeds back; report x/|x|.
         norms = row_norms(xs, keepdims=True)
@@ -466,6 +467,7 @@ def layers(
     *,
     t1: float = 1.0,
     normalization: str | None = None,
+    ngpt_alpha: float = 0.2,
     blowup_radius: float = 1e8,
 ) -> Solution:
     """Discrete residual Transformer: L layers x <- x + h Gamma_mu(t_l)(x), h = t1 / L.
@@ -479,8 +481,11 @@ def layers(
         attn: the attention velocity field.
         L: number of layers (>= 1).
         t1: total depth time.
-        normalization: None, or "sphere" (each layer projects back on the sphere:
-            x <- (x + h P_x^perp Gamma) / |...|, the post-LayerNorm model).
+        normalization: the residual block (`meanfield._normalization`): None
+            (x + h Attn(x)), "sphere" (post-LN: x <- (x + h P_x^perp Gamma) / |...|),
+            "pre-ln" (x + h Attn(Norm x)), "peri-ln" (x + h Norm(Attn(Norm x))),
+            "ngpt" (Norm(x + alpha h (Norm(Attn x) - x))).
+        ngpt_alpha: the step scale alpha of "ngpt".
         blowup_radius: a layer whose output exceeds it (or is non-finite) stops the
             stack: status "blowup" at that layer's time, later rows +inf.
 
@@ -506,13 +511,14 @@ def layers(
         np.asarray(blowup_radius, dtype),
         L=L,
         normalization=normalization,
+        alpha=float(ngpt_alpha),
     )
 
 
 @eqx.filter_jit
-def _layers(measure, attn, t1, blowup_radius, *, L, normalization) -> Solution:
+def _layers(measure, attn, t1, blowup_radius, *, L, normalization, alpha) -> Solution:
     """The scan of `layers` (arguments validated there)."""
-    if normalization == "sphere":
+    if normalization in ON_SPHERE:
         measure = _on_sphere(measure)
     x0 = measure.x
     dtype = x0.dtype
@@ -521,13 +527,7 @@ def _layers(measure, attn, t1, blowup_radius, *, L, normalization) -> Solution:
     def layer(carry, l):
         x, stopped, t_stop, ok_all = carry
         t = l * h
-        mu = eqx.tree_at(lambda m: m.x, measure, x)
-        vel, ok = attn.velocity_and_status(mu, t=t)
-        if normalization == "sphere":
-            vel = _project_sphere(x, vel)
-        x_new = x + h * vel
-        if normalization == "sphere":
-            x_new = x_new / row_norms(x_new, keepdims=True)
+        x_new, ok = _normalization.layer(attn, measure, x, t, h, normalization, alpha)
         bad = ~jnp.all(jnp.isfinite(x_new)) | (
             jnp.max(row_norms(x_new)) >= blowup_radius
         )

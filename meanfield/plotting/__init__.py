@@ -22,7 +22,7 @@ from .._dynamics import Solution as Solution
 from ..gaussian._ode import GaussianSolution as GaussianSolution
 from ..wasserstein._stability import Stability as Stability
 from ._animation import animate
-from ._clustering import plot_cluster_counts
+from ._clustering import plot_cluster_counts, plot_phase_diagram
 from ._gaussian import (
     plot_blowup_phase_diagram,
     plot_covariance_eigenvalues,
@@ -44,6 +44,7 @@ __all__ = [
     "plot_covariance_eigenvalues",
     "plot_covariance_ellipses",
     "plot_lipschitz_scaling",
+    "plot_phase_diagram",
     "plot_radius",
     "plot_real_model_lipschitz",
     "plot_sphere",

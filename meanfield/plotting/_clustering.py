@@ -149,3 +149,51 @@ def plot_cluster_counts(
         ax.legend(handles=labelled, fontsize="small")
     ax.set_title(title if title is not None else "clusters")
     return fig
+
+
+def plot_phase_diagram(
+    diagram,
+    *,
+    log_time: bool = False,
+    theory: bool = True,
+    ax=None,
+    title: str | None = None,
+) -> Figure:
+    """Heat map of the merged-pair fraction over (t, beta), with the equiangular curve.
+
+    The clustering phase diagram of Geshkovski, Letrouit, Polyanskiy & Rigollet
+    (2023): colour is `diagram.density`, the mean fraction of aligned token pairs.
+    The white curve is the time at which n equiangular tokens starting orthogonal
+    (rho0 = 0) merge to within eps (`mf.clustering.equiangular_time`), drawn where
+    it falls inside the time range.
+
+    Args:
+        diagram: a `mf.clustering.PhaseDiagram`.
+        log_time: logarithmic time axis (t = 0 is then left out).
+        theory: draw the equiangular curve.
+        ax: axes to draw on (default: a new figure).
+        title: axes title.
+
+    Returns:
+        The figure.
+    """
+    fig, ax = _new_axes(ax)
+    ts, betas = np.asarray(diagram.ts), np.asarray(diagram.betas)
+    keep = ts > 0 if log_time else np.ones(ts.shape, bool)
+    mesh = ax.pcolormesh(
+        ts[keep], betas, diagram.density[:, keep], shading="nearest", vmin=0, vmax=1
+    )
+    fig.colorbar(mesh, ax=ax, label=f"aligned pairs (<θᵢ, θⱼ> > 1 − {diagram.eps:g})")
+    if theory:
+        curve = diagram.theory()
+        inside = curve <= ts[keep].max()
+        ax.plot(
+            curve[inside], betas[inside], color="white", lw=1.5, label="equiangular"
+        )
+        ax.legend(loc="lower right")
+    if log_time:
+        ax.set_xscale("log")
+    ax.set_xlabel("t")
+    ax.set_ylabel("β")
+    ax.set_title(title or f"n = {diagram.n}: pair alignment")
+    return fig
