@@ -324,3 +324,22 @@ def test_titles_name_the_family_and_the_causal_mask():
     assert run_label(cfg) == "l2, causal mask, n = 64 on R^3"
     cfg.update(masked=False, normalization="sphere", attention={"kind": "softmax"})
     assert run_label(cfg) == "softmax, n = 64 on S^2"
+
+
+@pytest.mark.parametrize("scheme", ["pre-ln", "peri-ln", "ngpt"])
+def test_normalisation_schemes_run_and_cluster_what_the_scheme_moves(
+    tmp_path, capsys, scheme
+):
+    """Free residual streams cluster their directions; nGPT keeps |x| = 1."""
+    text = RD.replace('normalization = "none"', f'normalization = "{scheme}"')
+    code, out = _run(tmp_path, scheme, text)
+    assert code == 0
+    printed = capsys.readouterr().out
+    x = np.load(out / "trajectory.npz")["x"]
+    radii = np.linalg.norm(x, axis=-1)
+    if scheme == "ngpt":
+        assert "of x (sphere)" in printed
+        np.testing.assert_allclose(radii, 1, atol=1e-12)
+    else:
+        assert "of θ = x/|x|" in printed
+        assert not np.allclose(radii[-1], radii[0])  # the stream is free

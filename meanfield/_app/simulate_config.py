@@ -34,7 +34,7 @@ from .config import (
 )
 
 INITIALS = ("sphere", "gaussian", "cube")
-NORMALIZATIONS = ("sphere", "none")
+NORMALIZATIONS = ("sphere", "none", "pre-ln", "peri-ln", "ngpt")
 DTYPES = ("float32", "float64")
 ANIMATIONS = ("gif", "mp4", "none")
 SINKHORN_KERNELS = ("dot", "l2")
@@ -137,7 +137,8 @@ def resolve_config(config: dict | None) -> dict:
     Keys (all optional): `n` (>= 2), `d` (>= 1), `t1` (> 0), `saves` (>= 2 save
     times, evenly spaced on [0, t1]), `initial` ("sphere" | "gaussian" | "cube"),
     `scale` (> 0: radius of the sphere, standard deviation, half-width),
-    `normalization` ("sphere" | "none"), `masked` (causal attention with
+    `normalization` ("sphere" | "none" | "pre-ln" | "peri-ln" | "ngpt", see
+    `mf.simulate`), `masked` (causal attention with
     positions s_i = i/n), `dtype`, `solver`, `rtol`, `atol`, `dt0`, `max_steps`,
     `blowup_radius`, `segments` (checkpoints, >= 1), `cluster_tol` (> 0; default
     automatic), `animation` ("gif" | "mp4" | "none") and an `[attention]` table:

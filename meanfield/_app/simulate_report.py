@@ -23,21 +23,39 @@ import numpy as np
 
 from .. import clustering, plotting
 from .._dynamics import Solution
+from .._normalization import ON_SPHERE
 from .report import Output, Report, Result
 from .simulate_config import as_matrix, resolve_config
 from .simulate_segments import CHECKPOINT, check_resume, run_segments
 
 
-def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
-    """Clusters of a finished run: (summary, positions clustered (T, n, d), counts).
+def clustered(cfg: dict) -> str:
+    """What a run clusters: "x" (tokens on the sphere), "z" or "theta".
 
-    On the sphere the tokens themselves are clustered; in R^d the rescaled tokens
-    z = e^{-tV} x (Geshkovski et al., 2023), whose limits are the clusters.
+    On the sphere ("sphere", "ngpt") the tokens themselves; in R^d without
+    normalisation the rescaled tokens z = e^{-tV} x (Geshkovski et al., 2023), whose
+    limits are the clusters; with "pre-ln" / "peri-ln" (a free residual stream) the
+    directions theta = x / |x| that the attention sees.
     """
-    on_sphere = cfg["normalization"] == "sphere"
+    if cfg["normalization"] in ON_SPHERE:
+        return "x"
+    return "z" if cfg["normalization"] == "none" else "theta"
+
+
+def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
+    """Clusters of a finished run: (summary, positions clustered (T, n, d), counts)."""
+    kind = clustered(cfg)
+    on_sphere = kind == "x"
     d, tol, weights = cfg["d"], cfg["cluster_tol"], sol.initial.weights
     V = as_matrix(cfg["attention"]["V"], d)
-    points = np.asarray(sol.x) if on_sphere else np.asarray(clustering.rescale(sol, V))
+    x = np.asarray(sol.x)
+    if kind == "x":
+        points = x
+    elif kind == "z":
+        points = np.asarray(clustering.rescale(sol, V))
+    else:
+        with np.errstate(invalid="ignore"):  # +inf rows after an early stop
+            points = x / np.linalg.norm(x, axis=-1, keepdims=True)
     counts = clustering.cluster_counts(points, tol, ts=sol.ts)
     reached = np.flatnonzero(np.isfinite(np.asarray(sol.ts)))
     final = points[reached[-1]]
@@ -45,7 +63,7 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
     # V = I and A positive definite (unmasked softmax in R^d): the limits sit on a
     # convex polytope (Geshkovski et al., 2023).
     on_polytope = (
-        not on_sphere
+        kind == "z"
         and not cfg["masked"]
         and cfg["attention"]["kind"] == "softmax"
         and np.array_equal(V, np.eye(d))
@@ -64,7 +82,9 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
         "blowup_time": float(sol.blowup_time),
         "blowup_radius": cfg["blowup_radius"],
         "num_steps": int(sol.num_steps),
-        "clustered": "x (sphere)" if on_sphere else "z = e^{-tV} x",
+        "clustered": {"x": "x (sphere)", "z": "z = e^{-tV} x", "theta": "θ = x/|x|"}[
+            kind
+        ],
         "clusters_final": found.number,
         "cluster_tol": found.tol,
         "cluster_tol_method": found.method,
@@ -92,7 +112,10 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
 
 def run_label(cfg: dict) -> str:
     """What ran, for every title: family, causal mask or not, n, where."""
-    where = f"S^{cfg['d'] - 1}" if cfg["normalization"] == "sphere" else f"R^{cfg['d']}"
+    scheme = cfg["normalization"]
+    where = f"S^{cfg['d'] - 1}" if scheme in ON_SPHERE else f"R^{cfg['d']}"
+    if scheme not in ("sphere", "none"):
+        where += f" ({scheme})"
     mask = ", causal mask" if cfg["masked"] else ""
     return f"{cfg['attention']['kind']}{mask}, n = {cfg['n']} on {where}"
 
@@ -100,31 +123,32 @@ def run_label(cfg: dict) -> str:
 def _figures(cfg: dict, result: Result, output: Output) -> None:
     """trajectories.png, clusters.png, radius.png (R^d) and the animation."""
     sol, points, counts = result.data
-    d, on_sphere = cfg["d"], cfg["normalization"] == "sphere"
+    d, kind = cfg["d"], clustered(cfg)
+    on_sphere = kind == "x"
     ts = np.asarray(sol.ts)
     run = run_label(cfg)
-    coordinate = "x" if on_sphere else "z"
+    coordinate = {"x": "x", "z": "z", "theta": "θ"}[kind]
+    label = {"x": "x(t)", "z": r"$z(t) = e^{-tV} x(t)$", "theta": "θ(t) = x/|x|"}[kind]
     if on_sphere and d == 3:
         fig = plotting.plot_sphere(sol, title=f"{run}: t = {float(sol.t_final):.3g}")
     elif d >= 3:
-        label = "x(t)" if on_sphere else r"$z(t) = e^{-tV} x(t)$"
         fig = plotting.plot_trajectories_3d(
             points[:, :, :3], ts, title=f"{run}: {label}", coordinate=coordinate
         )
     elif d == 2:
         fig = plotting.plot_trajectories(
             sol if on_sphere else eqx.tree_at(lambda s: s.x, sol, jnp.asarray(points)),
-            title=f"{run}: " + ("x(t)" if on_sphere else "z(t) = exp(-tV) x(t)"),
+            title=f"{run}: {label}",
             coordinate=coordinate,
         )
     else:
         fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
         ax.plot(ts, points[:, :, 0], lw=0.6)
         ax.set_xlabel("t")
-        ax.set_ylabel("x" if on_sphere else "z = exp(-tV) x")
+        ax.set_ylabel(label)
         ax.set_title(run)
     output.figure(fig, "trajectories.png", dpi=120)
-    what = "x" if on_sphere else "z = exp(-tV) x"
+    what = {"x": "x", "z": "z = exp(-tV) x", "theta": "θ = x/|x|"}[kind]
     fig = plotting.plot_cluster_counts(
         counts.ts,
         counts.counts,

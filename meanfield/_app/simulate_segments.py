@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from .. import _io, _status
 from .._dynamics import Solution, simulate
 from .._measures import MaskedParticles, Particles
+from .._normalization import ON_SPHERE
 from .simulate_config import build_attention
 
 #: The checkpoint's file name in the output directory.
@@ -183,12 +184,12 @@ def run_segments(
     measure = initial_measure(cfg, seed, dtype)
     save_ts = np.linspace(0.0, cfg["t1"], cfg["saves"])
     bounds = segment_bounds(cfg["saves"], cfg["segments"])
-    normalization = None if cfg["normalization"] == "none" else "sphere"
+    normalization = None if cfg["normalization"] == "none" else cfg["normalization"]
     options = {
         name: cfg[name]
         for name in ("solver", "rtol", "atol", "dt0", "max_steps", "blowup_radius")
     }
-    if normalization == "sphere":
+    if normalization in ON_SPHERE:
         x0 = measure.x / jnp.linalg.norm(measure.x, axis=-1, keepdims=True)
     else:
         x0 = measure.x

@@ -121,6 +121,11 @@ def plot_cluster_counts(
         twin = _tolerance_axes(ax)
         ok = np.isfinite(tols) & (tols > 0)
         name = f"{label} tolerance" if label else "tolerance"
+        drawn = tols[ok]
+        if drawn.size and drawn.max() <= drawn.min() * (1 + 1e-9):
+            # One value (to rounding): a log axis cannot autoscale on it. Fixed
+            # limits before drawing (an autoscale pending at set_ylim would warn).
+            twin.set_ylim(drawn.min() / 2, drawn.max() * 2)
         if methods is None:
             parts = [(ok, "--", name)]
         else:
