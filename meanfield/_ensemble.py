@@ -88,7 +88,7 @@ def simulate_ensemble(
     # Host arrays (saveat) as tuples: options are compile-time constants, like
     # simulate's own save fractions.
     static_options = tuple(
-        (key, tuple(np.asarray(v).tolist()) if isinstance(v, np.ndarray | list) else v)
+        (key, tuple(np.asarray(v).tolist()) if np.ndim(v) > 0 else v)
         for key, v in sorted(options.items())
     )
     count = 1 if chunk_size is None else math.ceil(size / int(chunk_size))

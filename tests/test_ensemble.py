@@ -44,9 +44,13 @@ def test_ensemble_with_a_shared_attention_and_masked_measures():
     xs, _ = _systems()
     attn = mf.SoftmaxAttention(jnp.eye(D), A=2.0 * jnp.eye(D))
     s = jnp.broadcast_to(jnp.arange(N) / N, (B, N))
-    sol = mf.simulate_ensemble(jax.vmap(mf.MaskedParticles)(xs, s), attn, 2.0)
+    sol = mf.simulate_ensemble(
+        jax.vmap(mf.MaskedParticles)(xs, s), attn, 2.0, saveat=jnp.linspace(0, 2, 3)
+    )
     for b in (0, B - 1):
-        one = mf.simulate(mf.MaskedParticles(xs[b], s[b]), attn, 2.0)
+        one = mf.simulate(
+            mf.MaskedParticles(xs[b], s[b]), attn, 2.0, saveat=jnp.linspace(0, 2, 3)
+        )
         np.testing.assert_allclose(sol.x[b], one.x, rtol=0, atol=1e-8)
 
 
