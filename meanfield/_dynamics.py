@@ -184,25 +184,27 @@ def _check_start_inside(x, blowup_radius) -> None:
         )
 
 
-def _final_result(dfx_result, event_mask, flags):
+def _final_result(dfx_result, event_mask, flags, stopped_at_event):
     """Map diffrax's result and our flags to a meanfield result code.
 
     `event_mask` is the single stop condition's (`_solve`): True when it fired.
+    `stopped_at_event`: the stop condition holds at the final state.
     """
     hit_event = jnp.asarray(event_mask)
     code = jnp.where(
         dfx_result == dfx.RESULTS.max_steps_reached, _status.MAX_STEPS, _status.FAILED
     )
     code = jnp.where(dfx_result == dfx.RESULTS.successful, _status.SUCCESS, code)
-    # The solvers here are explicit: the only nonlinear solve is the root find
-    # that locates the blow-up event, so "nonlinear_max_steps_reached" means the
-    # event fired. Under jax.vmap (`mf.simulate_ensemble`) diffrax reports it
-    # for members whose event it did locate, with event_mask False (their
-    # t_final equals the single solve's blow-up time to every digit).
+    # Under jax.vmap (`mf.simulate_ensemble`) diffrax reports the event's root
+    # find as "nonlinear_max_steps_reached" for members whose event it did
+    # locate, with event_mask False (their t_final equals the single solve's
+    # blow-up time to every digit). That result counts as the event only where
+    # the stop condition holds at the final state: an implicit solver's Newton
+    # failure reports the same code without any blow-up.
     ended_by_event = (
         (dfx_result == dfx.RESULTS.event_occurred)
         | (dfx_result == dfx.RESULTS.dt_min_reached)
-        | (dfx_result == dfx.RESULTS.nonlinear_max_steps_reached)
+        | ((dfx_result == dfx.RESULTS.nonlinear_max_steps_reached) & stopped_at_event)
         | hit_event
     )
     code = jnp.where(ended_by_event, _status.BLOWUP, code)
@@ -437,7 +439,7 @@ def _solve(
             progress_meter=meter,
             **kwargs,
         )
-    (s_saved, s_end), ((xs, _), (_, flags_end)) = sol.ts, sol.ys
+    (s_saved, s_end), ((xs, _), (x_end, flags_end)) = sol.ts, sol.ys
     # The requested times where reached (diffrax marks the others +inf), and the
     # stop in t: exactly t1 at the end of the clock.
     ts = jnp.where(jnp.isfinite(s_saved), ts.astype(dtype), jnp.inf)
@@ -447,7 +449,10 @@ def _solve(
         # at x/|x|, so radial round-off (O(rtol t)) never feeds back; report x/|x|.
         norms = row_norms(xs, keepdims=True)
         xs = jnp.where(jnp.isfinite(norms), xs / norms, xs)
-    result, blew_up = _final_result(sol.result, sol.event_mask, flags_end[0])
+    # The bisection brackets the crossing: the final state may sit up to its
+    # tolerance before it (log-radius within 1e-6 of log R, or a nonzero flag).
+    at_event = stopping(s_end[0], (x_end[0], flags_end[0]), None) > -1e-6
+    result, blew_up = _final_result(sol.result, sol.event_mask, flags_end[0], at_event)
     blowup_time = jnp.where(blew_up, t_final, jnp.inf)
     return Solution(
         ts=ts,

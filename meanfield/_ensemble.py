@@ -10,6 +10,7 @@ import math
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ._attention.base import AbstractAttention
@@ -72,8 +73,6 @@ def simulate_ensemble(
             "`measures` must carry a leading batch axis: x of shape (B, n, d), e.g. "
             f"jax.vmap(mf.Particles)(xs); got x of shape {measures.x.shape}."
         )
-    if "progress" in options:
-        raise ValueError("`progress` of each solve is not supported; it is per chunk.")
     size = measures.x.shape[0]
     sizes = _leading(attn)
     if batched_attention is None:
@@ -115,7 +114,7 @@ def simulate_ensemble(
         parts.append(jax.tree.map(lambda a, keep=keep: a[:keep], chunk))
     if len(parts) == 1:
         return parts[0]
-    return jax.tree.map(lambda *a: jax.numpy.concatenate(a), *parts)
+    return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
 
 
 @eqx.filter_jit

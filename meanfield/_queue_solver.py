@@ -18,6 +18,7 @@ is a component of the state), a stop rule evaluated after every accepted step, a
 a step cap (for instance to land on a horizon).
 """
 
+import functools
 from collections.abc import Callable
 
 import equinox as eqx
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ._batching import map_runs
+from ._batching import map_runs, safe_batch
 
 # Dormand-Prince 5(4) (Shampine's tableau): stages, 5th-order weights, and the
 # difference to the embedded 4th-order weights. The 7th stage is f(y_new) (FSAL).
@@ -193,12 +194,23 @@ def solve_queue(
     slots = min(slots, n)
     dtype = y0.dtype
     count = jnp.asarray(n if count is None else count)
+    # One LAPACK-safe chunk size for every per-slot map, from one trace of a step
+    # and its stop rule (they hold every call of the field).
+    h_like = y0[:, 0]
+    batch = safe_batch(
+        lambda y, p, h, k: (rk_step(field, y, y, p, h), stop(y, y, y, y, p, k)),
+        y0,
+        params,
+        h_like,
+        jnp.zeros((n,), jnp.int32),
+    )
+    per_slot = functools.partial(map_runs, batch=batch or slots)
 
     def take(idx):
         safe = jnp.minimum(idx, n - 1)
         p = jax.tree.map(lambda a: a[safe], params)
         y = y0[safe]
-        return y, map_runs(field, y, p), p
+        return y, per_slot(field, y, p), p
 
     first = jnp.arange(slots)
     y, f, p = take(first)
@@ -208,7 +220,7 @@ def solve_queue(
         y=y,
         f=f,
         p=p,
-        h=jnp.minimum(jnp.asarray(h0, dtype), map_runs(max_step, y, f, p)),
+        h=jnp.minimum(jnp.asarray(h0, dtype), per_slot(max_step, y, f, p)),
         steps=jnp.zeros((slots,), jnp.int32),
         next=jnp.minimum(jnp.asarray(slots), count),
         out_y=jnp.zeros((n, m), dtype),
@@ -221,7 +233,7 @@ def solve_queue(
     def step(state):
         active = state["idx"] < n
         y, f, p, h = state["y"], state["f"], state["p"], state["h"]
-        y_new, f_new, err = map_runs(lambda *a: rk_step(field, *a), y, f, p, h)
+        y_new, f_new, err = per_slot(lambda *a: rk_step(field, *a), y, f, p, h)
         size = jnp.maximum(jnp.abs(y), jnp.abs(y_new))
         if increment_relative is not None:
             size = jnp.where(increment_relative, jnp.abs(y_new - y), size)
@@ -229,14 +241,14 @@ def solve_queue(
         ok = jnp.isfinite(err_norm) & jnp.all(jnp.isfinite(y_new), axis=-1)
         accept = active & ok & (err_norm <= 1)
         code = jnp.where(
-            accept, map_runs(stop, y_new, f_new, y, f, p, state["steps"] + 1), 0
+            accept, per_slot(stop, y_new, f_new, y, f, p, state["steps"] + 1), 0
         )
         y = jnp.where(accept[:, None], y_new, y)
         f = jnp.where(accept[:, None], f_new, f)
         # Standard I-controller, growth at most 10x per step, 5x shrink on failure.
         factor = jnp.where(ok, 0.9 * jnp.maximum(err_norm, 1e-10) ** -exponent, 0.2)
         factor = jnp.clip(factor, 0.2, jnp.where(accept, 10.0, 1.0))
-        h = jnp.minimum(h * factor, map_runs(max_step, y, f, p))
+        h = jnp.minimum(h * factor, per_slot(max_step, y, f, p))
         steps = state["steps"] + active
         code = jnp.where(
             (code == 0) & active & ((h < h_min) | ~jnp.isfinite(h)),
@@ -259,7 +271,7 @@ def solve_queue(
         def refill(args):
             y, f, p, h, steps = args
             y_in, f_in, p_in = take(idx)
-            h_in = jnp.minimum(h0, map_runs(max_step, y_in, f_in, p_in))
+            h_in = jnp.minimum(h0, per_slot(max_step, y_in, f_in, p_in))
             fresh = done & (idx < n)
             pick = lambda a, b: jnp.where(  # noqa: E731
                 fresh.reshape((-1,) + (1,) * (a.ndim - 1)), a, b

@@ -46,6 +46,19 @@ def test_pair_alignment_matches_a_double_loop():
         pair_alignment(x, eps=0.0)
 
 
+def _equiangular_solve(beta, n, t1, *, rtol, **options):
+    """SciPy DOP853 on the scalar ODE from rho = 0 (atol 1e-14)."""
+    return solve_ivp(
+        lambda t, r: equiangular_rate(r, beta, n),
+        (0, t1),
+        [0.0],
+        method="DOP853",
+        rtol=rtol,
+        atol=1e-14,
+        **options,
+    )
+
+
 @pytest.mark.parametrize("beta", [0.5, 4.0])
 def test_equiangular_tokens_follow_the_scalar_ode(beta):
     """n = 4 orthonormal tokens in d = 4 (rho0 = 0) under the sphere dynamics."""
@@ -64,15 +77,7 @@ def test_equiangular_tokens_follow_the_scalar_ode(beta):
     gram = np.einsum("tid,tjd->tij", np.asarray(sol.x), np.asarray(sol.x))
     off = gram[:, ~np.eye(n, dtype=bool)]  # (T, n(n-1)): all equal
     assert np.max(np.ptp(off, axis=1)) < 1e-10
-    ref = solve_ivp(
-        lambda t, r: equiangular_rate(r, beta, n),
-        (0, 6),
-        [0.0],
-        t_eval=ts,
-        method="DOP853",
-        rtol=1e-13,
-        atol=1e-14,
-    )
+    ref = _equiangular_solve(beta, n, 6.0, t_eval=ts, rtol=1e-13)
     np.testing.assert_allclose(off[:, 0], ref.y[0], rtol=0, atol=1e-9)
 
 
@@ -80,15 +85,7 @@ def test_equiangular_time_is_the_ode_hitting_time():
     beta, n, eps = 3.0, 32, 1e-3
     hit = lambda t, r: r[0] - (1 - eps)  # noqa: E731
     hit.terminal = True
-    ref = solve_ivp(
-        lambda t, r: equiangular_rate(r, beta, n),
-        (0, 1e3),
-        [0.0],
-        events=hit,
-        method="DOP853",
-        rtol=1e-12,
-        atol=1e-14,
-    )
+    ref = _equiangular_solve(beta, n, 1e3, events=hit, rtol=1e-12)
     assert equiangular_time(beta, n, eps) == pytest.approx(ref.t_events[0][0], rel=1e-8)
     with pytest.raises(ValueError, match="rho0"):
         equiangular_time(beta, n, eps, rho0=-0.5)
