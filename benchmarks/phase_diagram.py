@@ -16,6 +16,7 @@ error of the merged-pair fraction (the diagram's value).
 """
 
 import argparse
+import inspect
 import platform
 import time
 from pathlib import Path
@@ -95,7 +96,11 @@ def run(n_betas, systems, check, full):
     # Errors on `check` systems per beta against a tight solve of the same tokens.
     pick = (np.arange(n_betas)[:, None] * systems + np.arange(check)).ravel()
     ref = ensemble(x0[pick], per_system[pick], rtol=1e-10, atol=1e-10)
-    ours = ensemble(x0[pick], per_system[pick])
+    # The same solves as the diagram's: its default tolerances.
+    defaults = inspect.signature(mf.clustering.phase_diagram).parameters
+    tol = {k: defaults[k].default for k in ("rtol", "atol")}
+    row.update(tol)
+    ours = ensemble(x0[pick], per_system[pick], **tol)
     align = lambda x: np.asarray(mf.clustering.pair_alignment(x)).reshape(  # noqa: E731
         n_betas, check, SAVES
     )

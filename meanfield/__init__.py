@@ -11,7 +11,13 @@ until it is touched.
 import importlib
 from typing import TYPE_CHECKING
 
+from . import _heap
+
 __version__ = "0.1.0"
+
+# Before XLA's CPU client allocates: a heap that keeps its temporaries between
+# steps (glibc; `_heap`).
+_heap.keep_top()
 
 # Public name -> the module that defines it (relative to this package).
 _ENGINE = {

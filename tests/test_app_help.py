@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["demo", "gaussian", "lipschitz", "simulate", "bench"]
+COMMANDS = ["demo", "gaussian", "lipschitz", "phase", "simulate", "bench"]
 
 
 def _imported(stderr: str) -> set[str]:

@@ -9,12 +9,12 @@ from meanfield._app.cli import main
 # Second tier (make test-slow): the whole tour, 54 s; each command it runs keeps a
 # small end-to-end test in the default suite.
 @pytest.mark.slow
-def test_demo_tour_writes_the_three_headline_figures_and_manifests(tmp_path, capsys):
+def test_demo_tour_writes_the_four_headline_figures_and_manifests(tmp_path, capsys):
     out = tmp_path / "out"
     args = ["demo", "--out", str(out), "--n", "24", "--seed", "3", "--quick"]
     assert main([*args, "--no-progress"]) == 0
     printed = capsys.readouterr().out
-    assert "1/3" in printed and "2/3" in printed and "3/3" in printed
+    assert all(f"{i}/4" in printed for i in range(1, 5))
     clustering = out / "clustering"
     for name in [
         "sphere.png",
@@ -29,12 +29,14 @@ def test_demo_tour_writes_the_three_headline_figures_and_manifests(tmp_path, cap
         assert gif.n_frames > 10
     assert (out / "gaussian" / "ellipses.png").stat().st_size > 10_000
     assert (out / "lipschitz" / "lipschitz.png").stat().st_size > 10_000
+    assert (out / "phase" / "phase.png").stat().st_size > 10_000
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["seed"] == 3 and manifest["config"]["n"] == 24
     assert "jax" in manifest["versions"]
     summary = manifest["summary"]
     assert summary["gaussian"]["softmax"]["status"] == "blowup"
     assert summary["clustering"]["sphere"]["status"] == "success"
+    assert summary["phase"]["completed_min"] == 1.0
     with np.load(clustering / "trajectory.npz") as data:
         x = data["x_sphere"]
         assert x.shape[1:] == (24, 3)

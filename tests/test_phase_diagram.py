@@ -91,27 +91,80 @@ def test_equiangular_time_is_the_ode_hitting_time():
         equiangular_time(beta, n, eps, rho0=-0.5)
 
 
-def test_phase_diagram_is_the_mean_alignment_of_its_systems():
+@pytest.mark.parametrize("masked", [False, True])
+def test_phase_diagram_is_the_mean_alignment_of_its_systems(masked):
+    """Chunks of 3 (the last one padded) against one `simulate` per system."""
     betas, systems, n, d = np.array([1.0, 6.0]), 4, 6, 2
     ts = np.linspace(0, 8, 5)
     pd = mf.clustering.phase_diagram(
-        betas, n=n, d=d, systems=systems, t1=8.0, saveat=ts, key=jr.key(3)
+        betas,
+        n=n,
+        d=d,
+        systems=systems,
+        t1=8.0,
+        saveat=ts,
+        key=jr.key(3),
+        masked=masked,
+        chunk_size=3,
     )
     assert pd.density.shape == (2, 5) and pd.one_cluster.shape == (2, 5)
+    np.testing.assert_array_equal(pd.completed, [1.0, 1.0])
     x = jr.normal(jr.key(3), (2 * systems, n, d))
     x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
     for k, beta in enumerate(betas):
         aligned = []
         for s in range(systems):
+            tokens = x[k * systems + s]
+            measure = (
+                mf.MaskedParticles(tokens, jnp.arange(n) / n)
+                if masked
+                else mf.Particles(tokens)
+            )
             one = mf.simulate(
-                mf.Particles(x[k * systems + s]),
+                measure,
                 mf.SoftmaxAttention(jnp.eye(d), A=beta * jnp.eye(d)),
                 8.0,
                 saveat=ts,
                 normalization="sphere",
+                rtol=1e-5,
+                atol=1e-5,
             )
             aligned.append(np.asarray(pair_alignment(one.x)))
         aligned = np.array(aligned)
         np.testing.assert_allclose(pd.density[k], aligned.mean(0), atol=1e-12)
         np.testing.assert_allclose(pd.one_cluster[k], (aligned == 1).mean(0))
     assert pd.theory().shape == (2,) and np.all(np.diff(pd.theory()) > 0)
+
+
+def test_heads_split_the_coordinates_into_blocks():
+    """Gamma = sum_h P_h Gamma_h, head h seeing block h only (a NumPy double loop)."""
+    beta, n, d, heads = 2.5, 7, 6, 3
+    x = np.asarray(jr.normal(jr.key(1), (n, d)))
+    attn = mf.clustering.head_attention(jnp.asarray(beta), d, heads=heads)
+    got = np.asarray(attn.velocity(mf.Particles(jnp.asarray(x))))
+    want = np.zeros((n, d))
+    for h in range(heads):
+        block = slice(2 * h, 2 * h + 2)
+        for i in range(n):
+            logits = np.array([beta * x[i, block] @ x[j, block] for j in range(n)])
+            w = np.exp(logits - logits.max())
+            want[i, block] = (w / w.sum()) @ x[:, block]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    with pytest.raises(ValueError, match="`heads` must divide d = 6"):
+        mf.clustering.phase_diagram([1.0], d=6, heads=4)
+
+
+def test_systems_that_stop_early_are_reported_not_averaged():
+    """Unnormalised attention in R^d blows up at t ~ E1(beta) / 2: 2e-4 at beta = 6."""
+    pd = mf.clustering.phase_diagram(
+        [0.2, 6.0],
+        n=4,
+        systems=3,
+        t1=0.05,
+        saveat=np.linspace(0, 0.05, 3),
+        attention="unnormalized",
+        normalization=None,
+    )
+    np.testing.assert_array_equal(pd.completed, [1.0, 0.0])
+    assert np.all(np.isfinite(pd.density[0])) and np.all(np.isnan(pd.density[1, 1:]))
+    np.testing.assert_array_equal(pd.one_cluster[1], 0.0)

@@ -3,7 +3,7 @@
 Thin by design: parse the arguments and hand them to the command's module. Each
 command is a `_add_<name>(subparsers)` function that registers its parser and
 sets `func`, a callable taking the parsed namespace and returning an exit code.
-The report commands (gaussian, lipschitz, simulate) are `report.Report`s: their
+The report commands (gaussian, lipschitz, phase, simulate) are `report.Report`s: their
 `main` reads the TOML, runs, writes and prints. Nothing is imported before a
 command runs, so `meanfield --help` and `meanfield <command> --help` import no JAX.
 """
@@ -226,6 +226,35 @@ def _add_simulate(subparsers) -> None:
     p.set_defaults(func=_run_simulate)
 
 
+def _run_phase(args: argparse.Namespace) -> int:
+    from .phase_report import REPORT
+
+    return REPORT.main(args)
+
+
+def _add_phase(subparsers) -> None:
+    p = subparsers.add_parser(
+        "phase",
+        help="clustering phase diagram: merged token pairs over (beta, t)",
+        description=(
+            "For every temperature beta, many systems of n tokens uniform on the "
+            "sphere under attention with V = I, A = beta I (Geshkovski, Letrouit, "
+            "Polyanskiy & Rigollet, 2023): the fraction of token pairs that have "
+            "merged, over (beta, t), beside the equiangular prediction. Writes "
+            "phase.png, phase.npz and manifest.json, and prints a short summary. "
+            "The default grid is the published one (90 betas in [0.1, 9], 2048 "
+            "systems of 32 tokens on S^1, t <= 30: about 4 minutes on 2 cores). "
+            "Configuration keys (TOML, all optional): n, d, systems, betas = "
+            "[min, max, count], t1, saves, attention (softmax | unnormalized), "
+            "normalization (sphere | none | pre-ln | peri-ln | ngpt), masked, "
+            "heads (dividing d), eps, rtol, atol, chunk_size, log_time."
+        ),
+    )
+    _add_config_option(p)
+    _add_common_options(p, out="out/phase", seed_help="PRNG seed of the initial tokens")
+    p.set_defaults(func=_run_phase)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     # Its own parser: `--help` answers before the engine (JAX) is imported.
     from .bench_report import main as bench_main
@@ -273,6 +302,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_simulate(subparsers)
     _add_gaussian(subparsers)
     _add_lipschitz(subparsers)
+    _add_phase(subparsers)
     _add_bench(subparsers)
     # List every command's options in `meanfield --help` too, from the
     # subparsers themselves so the text cannot go stale.

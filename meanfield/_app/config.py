@@ -283,6 +283,26 @@ def square() -> Check:
     return check
 
 
+def grid_range(value, key: str, cfg) -> list:
+    """[min, max, count]: an evenly spaced grid, min < max, count >= 2."""
+    ok = (
+        isinstance(value, list)
+        and len(value) == 3
+        and all(is_number(v) and math.isfinite(v) for v in value)
+        and isinstance(value[2], int)
+    )
+    if not ok:
+        raise ValueError(
+            f"`{key}` must be [min, max, count] (count an integer); got {short(value)}."
+        )
+    lo, hi, count = value
+    if not lo < hi or count < 2:
+        raise ValueError(
+            f"`{key}` must have min < max and count >= 2; got {short(value)}."
+        )
+    return [float(lo), float(hi), int(count)]
+
+
 def optional(check: Check) -> Check:
     """`check`, except that an omitted key (None) stays None."""
     return or_else(lambda cfg: None, check)

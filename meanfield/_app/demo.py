@@ -1,4 +1,4 @@
-"""The tour of meanfield (`meanfield demo`, `make demo`): three headline results.
+"""The tour of meanfield (`meanfield demo`, `make demo`): four headline results.
 
 1. Clustering (`run_clustering`). Geshkovski, Letrouit, Polyanskiy & Rigollet,
    "The Emergence of Clusters in Self-Attention Dynamics" (NeurIPS 2023) and "A
@@ -12,6 +12,9 @@
    Sinkhorn do not.
 3. How smooth attention is (`meanfield lipschitz`, Castin, Ablin & Peyre, ICML
    2024): the local Lipschitz constant grows like sqrt(n) at adversarial inputs.
+4. The clustering phase diagram over the temperature (`meanfield phase`,
+   Geshkovski et al., 2023) on a reduced grid: merged token pairs over (beta, t)
+   beside the equiangular prediction.
 
 Run it with `meanfield demo` or `python -m meanfield demo`.
 """
@@ -29,6 +32,7 @@ from .._dynamics import simulate
 from .._measures import Particles
 from . import gaussian_report as _gaussian_report
 from . import lipschitz_report as _lipschitz_report
+from . import phase_report as _phase_report
 from .report import Output
 
 #: Save times per run (including both ends).
@@ -282,7 +286,11 @@ def _clustering(output, n, d, t1_sphere, t1_rd, seed, progress, max_frames) -> d
 _QUICK = {
     "gaussian": {"phase": {"s_range": [-1.5, 1.5, 5], "r_range": [-1.5, 1.5, 5]}},
     "lipschitz": {"ns": [16, 64], "search": {"max_n": 0}},
+    "phase": {"betas": [1.0, 9.0, 3], "systems": 8, "t1": 10.0, "saves": 6},
 }
+#: The tour's phase diagram: the published grid (n = 32 on S^1, t <= 30) with
+#: 24 betas and 128 systems per beta instead of 90 and 2048.
+_TOUR_PHASE = {"betas": [0.25, 9.0, 24], "systems": 128}
 #: The tour's Lipschitz study: the default sizes without the largest, with a
 #: short search (keeps `make demo` under three minutes on 2 cores).
 _TOUR_LIPSCHITZ = {
@@ -299,23 +307,26 @@ def run_demo(
     progress: bool = True,
     quick: bool = False,
 ) -> dict:
-    """The tour: clustering, Gaussian blow-up and Lipschitz scaling, with figures.
+    """The tour: clustering, Gaussian blow-up, Lipschitz scaling, phase diagram.
 
     Writes `clustering/` (`run_clustering`: tokens.gif, sphere.png, clusters.png,
     ...), `gaussian/` (`meanfield gaussian` defaults: ellipses.png,
     eigenvalues.png, phase.png) and `lipschitz/` (`meanfield lipschitz` on
-    n = 16..1024: lipschitz.png) under `out_dir`, a `manifest.json` with the three
-    summaries, and prints them.
+    n = 16..1024: lipschitz.png) and `phase/` (`meanfield phase` on a reduced
+    grid: phase.png) under `out_dir`, a `manifest.json` with the four summaries,
+    and prints them.
 
     Args:
         out_dir: output directory.
         n: number of tokens of the clustering runs.
         seed: PRNG seed (initial tokens, random Lipschitz inputs).
         progress: show progress.
-        quick: much smaller Gaussian phase diagram and Lipschitz sizes (tests).
+        quick: much smaller Gaussian phase diagram, Lipschitz sizes and
+            clustering phase diagram (tests).
 
     Returns:
-        {"clustering": ..., "gaussian": ..., "lipschitz": ...} summaries.
+        {"clustering": ..., "gaussian": ..., "lipschitz": ..., "phase": ...}
+        summaries.
     """
     output = Output(out_dir, progress=progress)
     with output.locked():  # two tours never write into one directory
@@ -324,10 +335,10 @@ def run_demo(
 
 
 def _tour(output: Output, *, n: int, seed: int, progress: bool, quick: bool) -> dict:
-    """The three parts of `run_demo` into the locked `output`."""
+    """The four parts of `run_demo` into the locked `output`."""
     out = output.dir
     summary = {}
-    print("1/3  clustering of tokens, Q = K = V = I (Geshkovski et al., 2023)")
+    print("1/4  clustering of tokens, Q = K = V = I (Geshkovski et al., 2023)")
     summary["clustering"] = run_clustering(
         out / "clustering",
         n=n,
@@ -335,7 +346,7 @@ def _tour(output: Output, *, n: int, seed: int, progress: bool, quick: bool) -> 
         progress=progress,
         max_frames=12 if quick else 60,
     )
-    print("\n2/3  Gaussian blow-up: softmax vs L2 vs Sinkhorn (Castin et al., 2025)")
+    print("\n2/4  Gaussian blow-up: softmax vs L2 vs Sinkhorn (Castin et al., 2025)")
     gaussian_cfg = _gaussian_report.resolve_config(
         _QUICK["gaussian"] if quick else None
     )
@@ -343,7 +354,7 @@ def _tour(output: Output, *, n: int, seed: int, progress: bool, quick: bool) -> 
         gaussian_cfg, out / "gaussian", seed=seed, progress=progress
     )
     print(_gaussian_report.format_summary(summary["gaussian"]))
-    print("\n3/3  Lipschitz constant against n (Castin, Ablin & Peyre, 2024)")
+    print("\n3/4  Lipschitz constant against n (Castin, Ablin & Peyre, 2024)")
     lipschitz_cfg = _lipschitz_report.resolve_config(
         _QUICK["lipschitz"] if quick else _TOUR_LIPSCHITZ
     )
@@ -351,15 +362,23 @@ def _tour(output: Output, *, n: int, seed: int, progress: bool, quick: bool) -> 
         lipschitz_cfg, out / "lipschitz", seed=seed, progress=progress
     )
     print(_lipschitz_report.format_summary(summary["lipschitz"]))
+    print("\n4/4  clustering phase diagram over beta (Geshkovski et al., 2023)")
+    phase_cfg = _phase_report.resolve_config(_QUICK["phase"] if quick else _TOUR_PHASE)
+    summary["phase"] = _phase_report.run_phase(
+        phase_cfg, out / "phase", seed=seed, progress=progress
+    )
+    print(_phase_report.format_summary(summary["phase"]))
     config = {
         "n": n,
         "quick": quick,
         "gaussian": gaussian_cfg,
         "lipschitz": lipschitz_cfg,
+        "phase": phase_cfg,
     }
     wall = output.manifest(config, seed, summary)["wall_time_s"]
     print(
         f"\ntour done in {wall:.0f} s: {out}/clustering/tokens.gif, "
-        f"{out}/gaussian/ellipses.png, {out}/lipschitz/lipschitz.png"
+        f"{out}/gaussian/ellipses.png, {out}/lipschitz/lipschitz.png, "
+        f"{out}/phase/phase.png"
     )
     return summary

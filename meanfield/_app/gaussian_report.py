@@ -29,7 +29,7 @@ from ..gaussian._ode import blowup_time as closed_form_blowup_time
 from ..gaussian._ode import simulate
 from ..gaussian._study import blowup_times
 from . import config as _config
-from .config import Key, is_number, matrix, number, short
+from .config import Key, grid_range, is_number, matrix, number, short
 from .report import Output, Report, Result, format_matrix
 
 #: Save times per run, linspace(0, t1, NUM_SAVES).
@@ -40,25 +40,6 @@ PHASE_COUPLING = 0.5
 RTOL = ATOL = 1e-8
 #: Tolerances of the phase-diagram solves (only the blow-up time is kept).
 PHASE_TOL = 1e-6
-
-
-def _range(value, key: str, cfg) -> list:
-    ok = (
-        isinstance(value, list)
-        and len(value) == 3
-        and all(is_number(v) and math.isfinite(v) for v in value)
-        and isinstance(value[2], int)
-    )
-    if not ok:
-        raise ValueError(
-            f"`{key}` must be [min, max, count] (count an integer); got {short(value)}."
-        )
-    lo, hi, count = value
-    if not lo < hi or count < 2:
-        raise ValueError(
-            f"`{key}` must have min < max and count >= 2; got {short(value)}."
-        )
-    return [float(lo), float(hi), int(count)]
 
 
 def _mean(value, key: str, cfg) -> list[float]:
@@ -103,8 +84,8 @@ SCHEMA: dict = {
     # A = K^T Q: K has as many rows as Q.
     "K": Key(matrix(lambda cfg: len(cfg["Q"]), 2), [[1.0, 0.0], [0.0, 1.0]]),
     "phase": {
-        "s_range": Key(_range, [-1.5, 1.5, 41]),
-        "r_range": Key(_range, [-1.5, 1.5, 41]),
+        "s_range": Key(grid_range, [-1.5, 1.5, 41]),
+        "r_range": Key(grid_range, [-1.5, 1.5, 41]),
         "t_max": Key(number(positive=True), 5.0),
     },
 }

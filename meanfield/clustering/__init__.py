@@ -16,6 +16,7 @@ from ._phase import (
     PhaseDiagram,
     equiangular_rate,
     equiangular_time,
+    head_attention,
     pair_alignment,
     phase_diagram,
 )
@@ -34,6 +35,7 @@ __all__ = [
     "diameter",
     "equiangular_rate",
     "equiangular_time",
+    "head_attention",
     "pair_alignment",
     "phase_diagram",
     "polytope",

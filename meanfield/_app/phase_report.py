@@ -1,0 +1,234 @@
+"""Clustering phase diagrams from a configuration (`meanfield phase`).
+
+Geshkovski, Letrouit, Polyanskiy & Rigollet ("A mathematical perspective on
+Transformers", 2023): for every temperature beta, many systems of n tokens
+uniform on the sphere move under attention with V = I and A = beta I; the
+diagram is the fraction of token pairs that have merged, over (beta, t)
+(`mf.clustering.phase_diagram`). The configuration chooses the grid, the
+attention (softmax or unnormalised), where the LayerNorm sits, a causal mask and
+the number of heads (Karagodin, Polyanskiy & Rigollet, 2024).
+
+Run it with `meanfield phase [--config FILE.toml]`.
+"""
+
+import jax
+import jax.random as jr
+import numpy as np
+
+from .. import clustering, plotting
+from .config import Key, boolean, choice, grid_range, integer, number, resolve
+from .report import Output, Report, Result
+from .simulate_config import NORMALIZATIONS
+
+ATTENTIONS = ("softmax", "unnormalized")
+
+
+def _alignment_eps(value, key: str, cfg) -> float:
+    eps = number(positive=True)(value, key, cfg)
+    if not eps < 2:
+        raise ValueError(f"`{key}` must be in (0, 2); got {value}.")
+    return eps
+
+
+def _heads(value, key: str, cfg) -> int:
+    heads = integer(1)(value, key, cfg)
+    if cfg["d"] % heads:
+        raise ValueError(f"`{key}` must divide d = {cfg['d']}; got {heads}.")
+    return heads
+
+
+#: The configuration: key -> (checker, default). The default grid is the
+#: published one: 90 betas in [0.1, 9], 2048 systems of 32 tokens on S^1.
+SCHEMA: dict = {
+    "n": Key(integer(2), 32),
+    "d": Key(integer(1), 2),
+    "systems": Key(integer(1), 2048),
+    "betas": Key(grid_range, [0.1, 9.0, 90]),
+    "t1": Key(number(positive=True), 30.0),
+    "saves": Key(integer(2), 31),
+    "attention": Key(choice(ATTENTIONS), "softmax"),
+    "normalization": Key(choice(NORMALIZATIONS), "sphere"),
+    "masked": Key(boolean(), False),
+    "heads": Key(_heads, 1),
+    "eps": Key(_alignment_eps, 1e-3),
+    "rtol": Key(number(positive=True), 1e-5),
+    "atol": Key(number(positive=True), 1e-5),
+    "chunk_size": Key(integer(1), 4096),
+    "log_time": Key(boolean(), False),
+}
+
+
+def resolve_config(config: dict | None) -> dict:
+    """Validate a configuration and fill in the defaults (`SCHEMA`).
+
+    Keys (all optional): `n` (>= 2), `d` (>= 1), `systems` per beta (>= 1),
+    `betas` ([min, max, count], evenly spaced, min > 0), `t1` (> 0), `saves`
+    (save times on [0, t1], >= 2), `attention` ("softmax" | "unnormalized"),
+    `normalization` ("sphere" | "none" | "pre-ln" | "peri-ln" | "ngpt"),
+    `masked` (causal), `heads` (dividing d), `eps` (alignment tolerance in
+    (0, 2)), `rtol`, `atol` (> 0), `chunk_size` (systems per compiled call) and
+    `log_time` (the figure's time axis).
+
+    Raises:
+        ValueError: unknown key, wrong type or bad value; the message (one line)
+            names the key.
+    """
+    cfg = resolve(SCHEMA, config)
+    if not cfg["betas"][0] > 0:
+        raise ValueError(f"`betas` must start above 0; got {cfg['betas']}.")
+    return cfg
+
+
+def run_phase(
+    config: dict | None,
+    out_dir="out/phase",
+    *,
+    seed: int | None = None,
+    progress: bool = False,
+) -> dict:
+    """The phase diagram of a configuration, with its figure and arrays.
+
+    Writes to `out_dir` (created if needed): `phase.png` (the heat map, with the
+    equiangular curve for the softmax sphere model with one head and no mask),
+    `phase.npz` (`betas`, `ts`, `density` (K, T), `one_cluster` (K, T),
+    `completed` (K,), and `theory` (K,) where drawn) and `manifest.json`.
+
+    Args:
+        config: configuration (see `resolve_config`); None for the defaults.
+        out_dir: output directory.
+        seed: PRNG seed of the initial tokens (None: 0).
+        progress: a progress bar over the chunks and progress lines on stderr.
+
+    Returns:
+        The summary (see `format_summary`).
+
+    Raises:
+        ValueError: invalid configuration (the message names the key).
+    """
+    return REPORT.run(resolve_config(config), out_dir, seed=seed, progress=progress)
+
+
+def has_theory(cfg: dict) -> bool:
+    """Whether the equiangular curve describes the model (softmax, sphere, 1 head)."""
+    return (
+        cfg["attention"] == "softmax"
+        and cfg["normalization"] == "sphere"
+        and not cfg["masked"]
+        and cfg["heads"] == 1
+    )
+
+
+def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
+    lo, hi, count = cfg["betas"]
+    betas = np.linspace(lo, hi, count)
+    output.log(
+        f"phase diagram: {count} betas x {cfg['systems']} systems of "
+        f"{cfg['n']} tokens in d = {cfg['d']}"
+    )
+    with jax.enable_x64(True):
+        diagram = clustering.phase_diagram(
+            betas,
+            n=cfg["n"],
+            d=cfg["d"],
+            systems=cfg["systems"],
+            t1=cfg["t1"],
+            saveat=np.linspace(0.0, cfg["t1"], cfg["saves"]),
+            key=jr.key(0 if seed is None else seed),
+            attention=cfg["attention"],
+            normalization=None
+            if cfg["normalization"] == "none"
+            else cfg["normalization"],
+            masked=cfg["masked"],
+            heads=cfg["heads"],
+            eps=cfg["eps"],
+            rtol=cfg["rtol"],
+            atol=cfg["atol"],
+            chunk_size=cfg["chunk_size"],
+            progress=output.progress,
+        )
+    arrays = dict(
+        betas=diagram.betas,
+        ts=diagram.ts,
+        density=diagram.density,
+        one_cluster=diagram.one_cluster,
+        completed=diagram.completed,
+    )
+    if has_theory(cfg):
+        arrays["theory"] = diagram.theory()
+    final = diagram.density[:, -1]
+    summary = {
+        "betas": [float(lo), float(hi), int(count)],
+        "systems": cfg["systems"],
+        "n": cfg["n"],
+        "d": cfg["d"],
+        "t1": cfg["t1"],
+        "completed_min": float(diagram.completed.min()),
+        "density_at_t1": [float(final[0]), float(final[-1])],
+        "one_cluster_at_t1": [
+            float(diagram.one_cluster[0, -1]),
+            float(diagram.one_cluster[-1, -1]),
+        ],
+        "wall_s": output.wall_s,
+    }
+    resolved = {
+        **cfg,
+        "out_dir": str(output.dir),
+        "dtype": "float64",
+        "attention_matrices": "V = I, A = beta I (heads: blocks of d / heads)",
+        "initial_tokens": "uniform on S^{d-1}, one key for the grid",
+    }
+    return Result(summary, resolved, arrays, {"diagram": diagram})
+
+
+def _figures(cfg: dict, result: Result, output: Output) -> None:
+    """phase.png."""
+    model = cfg["attention"] + (
+        f", {cfg['normalization']}" if cfg["normalization"] != "none" else ", no norm"
+    )
+    model += ", causal" if cfg["masked"] else ""
+    model += f", {cfg['heads']} heads" if cfg["heads"] > 1 else ""
+    output.figure(
+        plotting.plot_phase_diagram(
+            result.data["diagram"],
+            log_time=cfg["log_time"],
+            theory=has_theory(cfg),
+            title=(
+                f"n = {cfg['n']}, d = {cfg['d']}, {cfg['systems']} systems per β "
+                f"({model})"
+            ),
+        ),
+        "phase.png",
+        bbox_inches="tight",
+    )
+
+
+def format_summary(summary: dict) -> str:
+    """The lines printed after a run."""
+    lo, hi, count = summary["betas"]
+    d_lo, d_hi = summary["density_at_t1"]
+    o_lo, o_hi = summary["one_cluster_at_t1"]
+    lines = [
+        f"phase diagram: {count} betas in [{lo:g}, {hi:g}] x {summary['systems']} "
+        f"systems of {summary['n']} tokens (d = {summary['d']}) to t = "
+        f"{summary['t1']:g} in {summary['wall_s']:.1f} s",
+        f"aligned pairs at t1: {d_lo:.3f} (beta = {lo:g}) ... {d_hi:.3f} "
+        f"(beta = {hi:g}); one cluster: {o_lo:.3f} ... {o_hi:.3f}",
+    ]
+    if summary["completed_min"] < 1:
+        share = 1 - summary["completed_min"]
+        lines.append(
+            f"warning: up to {share:.1%} of a beta's systems stopped before t1 "
+            "(blow-up or max_steps); they are left out of the density"
+        )
+    return "\n".join(lines)
+
+
+#: `meanfield phase`.
+REPORT = Report(
+    "phase",
+    resolve_config,
+    _compute,
+    _figures,
+    format_summary,
+    arrays="phase.npz",
+)

@@ -1,0 +1,88 @@
+"""`meanfield phase`: the clustering phase diagram from a configuration."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import meanfield as mf
+from meanfield._app.cli import main
+from meanfield._app.phase_report import resolve_config
+
+SMALL = """\
+n = 6
+systems = 5
+betas = [1.0, 4.0, 3]
+t1 = 8.0
+saves = 5
+"""
+
+
+def _toml(tmp_path, text):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_phase_writes_the_diagram_of_phase_diagram(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["phase", "--config", _toml(tmp_path, SMALL), "--out", str(out)]
+    assert main([*argv, "--seed", "3", "--no-progress"]) == 0
+    assert (out / "phase.png").stat().st_size > 10_000
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["seed"] == 3 and manifest["config"]["systems"] == 5
+    assert sorted(manifest["files"]) == ["phase.npz", "phase.png"]
+    with jax.enable_x64(True):
+        want = mf.clustering.phase_diagram(
+            [1.0, 2.5, 4.0],
+            n=6,
+            systems=5,
+            t1=8.0,
+            saveat=np.linspace(0, 8, 5),
+            key=jax.random.key(3),
+        )
+    with np.load(out / "phase.npz") as data:
+        np.testing.assert_array_equal(data["density"], want.density)
+        np.testing.assert_array_equal(data["one_cluster"], want.one_cluster)
+        np.testing.assert_array_equal(data["completed"], np.ones(3))
+        np.testing.assert_allclose(data["theory"], want.theory(), rtol=1e-12)
+    printed = capsys.readouterr().out
+    assert "3 betas in [1, 4] x 5 systems of 6 tokens" in printed
+
+
+def test_phase_options_reach_the_model(tmp_path, capsys):
+    """Causal, two heads, pre-LN: no equiangular curve, the arrays still written."""
+    text = SMALL + 'd = 4\nheads = 2\nmasked = true\nnormalization = "pre-ln"\n'
+    out = tmp_path / "out"
+    argv = ["phase", "--config", _toml(tmp_path, text), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    with np.load(out / "phase.npz") as data:
+        assert "theory" not in data.files
+        assert data["density"].shape == (3, 5)
+        assert np.all((data["density"] >= 0) & (data["density"] <= 1))
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("betas = [0.0, 1.0, 3]", "`betas` must start above 0"),
+        ("betas = [2.0, 1.0, 3]", "`betas` must have min < max"),
+        ("d = 3\nheads = 2", "`heads` must divide d = 3"),
+        ('attention = "l2"', "`attention` must be one of softmax, unnormalized"),
+        ("eps = 2.5", "`eps` must be in (0, 2)"),
+        ("colour = 1", "unknown key `colour`"),
+    ],
+)
+def test_phase_rejects_bad_configurations(tmp_path, capsys, text, message):
+    out = tmp_path / "out"
+    assert main(["phase", "--config", _toml(tmp_path, text), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("meanfield phase: error:") and message in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_phase_defaults_are_the_published_grid():
+    cfg = resolve_config(None)
+    assert cfg["betas"] == [0.1, 9.0, 90] and cfg["systems"] == 2048
+    assert (cfg["n"], cfg["d"], cfg["t1"], cfg["saves"]) == (32, 2, 30.0, 31)
