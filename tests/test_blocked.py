@@ -126,8 +126,13 @@ def test_blocked_memory_stays_small_where_dense_needs_gigabytes(masked):
         stats = jax.jit(f).lower(x, s).compile().memory_analysis()
         return stats.temp_size_in_bytes
 
-    assert memory("dense") > 4 * 2**30
-    # O(n block + n d), 2048 x 512 tiles: measured 11 MiB (forward) and 134 MiB
+    # The dense reference: its gradient keeps the n x n weights (32 GiB), and a
+    # masked forward its n x n mask. (XLA's CPU backend streams the unmasked dense
+    # forward by itself, in 12 MiB; that is XLA's fusion, not a guarantee.)
+    assert memory("dense", grad=True) > 4 * 2**30
+    if masked:
+        assert memory("dense") > 4 * 2**30
+    # O(n block + n d), 2048 x 512 tiles: measured 21 MiB (forward) and 71-130 MiB
     # (gradient: the checkpointed key-block carries of one query lane per step).
     assert memory("blocked") < 64 * 2**20
     assert memory("blocked", grad=True) < 256 * 2**20
