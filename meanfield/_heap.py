@@ -65,7 +65,7 @@ def keep_top() -> int | None:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt  # glibc only (musl and macOS have none)
         libc.gnu_get_libc_version  # noqa: B018 - glibc's M_TOP_PAD number
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows' CDLL(None)
         return None
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     if mallopt(_M_TOP_PAD, min(pad, 2**31 - 1)) == 1:

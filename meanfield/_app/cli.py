@@ -80,9 +80,9 @@ def _add_common_options(p, *, out: str, seed_help: str) -> None:
 def _add_demo(subparsers) -> None:
     p = subparsers.add_parser(
         "demo",
-        help="the tour: clustering, Gaussian blow-up, Lipschitz scaling",
+        help="the tour: clustering, Gaussian blow-up, Lipschitz scaling, phases",
         description=(
-            "Three headline results, each in its own directory under --out. "
+            "Four headline results, each in its own directory under --out. "
             "clustering/: n tokens uniform on S^2 under softmax attention with "
             "Q = K = V = I (Geshkovski, Letrouit, Polyanskiy & Rigollet), on the "
             "sphere (t1 = 15) and in R^3 with the rescaling e^{-t} x(t) (t1 = 8): "
@@ -90,8 +90,9 @@ def _add_demo(subparsers) -> None:
             "clusters.png, trajectory.npz. gaussian/: `meanfield gaussian` with "
             "its defaults (ellipses.png: softmax blows up, L2 and Sinkhorn do "
             "not). lipschitz/: `meanfield lipschitz` for n = 16..1024 "
-            "(lipschitz.png: sqrt(n) growth). Writes manifest.json files and "
-            "prints a short summary of each."
+            "(lipschitz.png: sqrt(n) growth). phase/: `meanfield phase` on 24 "
+            "betas x 128 systems (phase.png: merged token pairs over beta and t). "
+            "Writes manifest.json files and prints a short summary of each."
         ),
     )
     _add_common_options(p, out="out", seed_help="PRNG seed of the initial tokens")
@@ -105,7 +106,8 @@ def _add_demo(subparsers) -> None:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="small Gaussian phase diagram and Lipschitz sizes (a smoke test)",
+        help="small Gaussian and clustering phase diagrams and Lipschitz sizes "
+        "(a smoke test)",
     )
     p.set_defaults(func=_run_demo)
 
