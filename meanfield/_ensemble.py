@@ -7,6 +7,8 @@ that memory stays bounded and one compilation serves every chunk.
 """
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import equinox as eqx
 import jax
@@ -33,8 +35,9 @@ def simulate_ensemble(
     batched_attention: bool | None = None,
     chunk_size: int | None = None,
     progress: bool = False,
+    reduce: Callable[[Solution], Any] | None = None,
     **options,
-) -> Solution:
+) -> Any:
     """Solve B independent particle systems: one `simulate` per system, vmapped.
 
     Args:
@@ -51,13 +54,21 @@ def simulate_ensemble(
             chunk is padded with copies of the final system, so every chunk
             compiles once.
         progress: show a progress bar over the chunks (tqdm).
+        reduce: None, or a function of a chunk's `Solution` (batch axis first)
+            returning a pytree of arrays with the batch axis first, applied
+            inside the chunk's compiled program: only its output leaves the
+            chunk, so a study keeps what it needs (an alignment, a final state)
+            without holding every trajectory. It is part of the compilation key:
+            pass a module-level function, or `eqx.Partial(f, option=value)`, so
+            repeated calls reuse the program.
         **options: any keyword of `mf.simulate` (saveat, solver, rtol, atol, dt0,
             max_steps, normalization, blowup_radius, t0), shared by all systems.
 
     Returns:
         A `Solution` whose every field has the batch axis first: ts (B, T),
         x (B, T, n, d), blowup_time, result, t_final and num_steps (B,), and the
-        B initial measures. `status` is then an array of B names.
+        B initial measures. `status` is then an array of B names. With
+        `reduce`, its output over the B systems instead.
 
     Raises:
         ValueError: `measures` without a batch axis, or a batched `attn` whose
@@ -109,6 +120,7 @@ def simulate_ensemble(
             t1,
             batched_attention,
             static_options,
+            reduce,
         )
         keep = min(width, size - start)
         parts.append(jax.tree.map(lambda a, keep=keep: a[:keep], chunk))
@@ -118,9 +130,8 @@ def simulate_ensemble(
 
 
 @eqx.filter_jit
-def _solve_chunk(measures, attn, t1, batched_attention, options):
-    """One compiled vmap of `simulate` over a chunk of systems."""
+def _solve_chunk(measures, attn, t1, batched_attention, options, reduce):
+    """One compiled vmap of `simulate` over a chunk of systems, then `reduce`."""
     solve = lambda m, a: simulate(m, a, t1, **dict(options))  # noqa: E731
-    return jax.vmap(solve, in_axes=(0, 0 if batched_attention else None))(
-        measures, attn
-    )
+    sol = jax.vmap(solve, in_axes=(0, 0 if batched_attention else None))(measures, attn)
+    return sol if reduce is None else reduce(sol)

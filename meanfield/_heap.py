@@ -4,13 +4,13 @@ XLA's CPU runtime allocates and frees temporaries at every operation. Depending
 on the process's allocation history, glibc's adaptive thresholds can end up
 returning that memory to the system after every step, and the next step faults
 the same pages in again, zero-filled: 4096 systems of 32 tokens to t = 30 (a
-chunk of `mf.clustering.phase_diagram`) took 13 s with 6 million page faults
-instead of 5 s with 0.3 million on 2 cores. Setting M_TOP_PAD (16 MiB of
+chunk of `mf.clustering.phase_diagram`) took 12.5 s and 6.4 million page faults
+instead of 4.9 s and 0.05 million on 2 cores. Setting M_TOP_PAD (16 MiB of
 padding at the heap top) before XLA's CPU client exists fixes glibc's
 thresholds at their initial values and removes the churn. Set later, after the
 client's own allocations have moved the thresholds, the same call froze them in
-a bad state (20 million faults, 2.4x slower), so `keep_top` does nothing once a
-JAX backend is initialised.
+a bad state (20 million faults for three chunks, 2.4x slower), so `keep_top`
+does nothing once a JAX backend is initialised.
 
 Settings, read once when `meanfield` is imported:
 - `MEANFIELD_HEAP_TOP_PAD=0` (or "off", "false", "no"): leave malloc alone;
@@ -25,8 +25,9 @@ import ctypes
 import os
 import sys
 
+from ._compile_cache import _OFF  # the same opt-out words
+
 ENV = "MEANFIELD_HEAP_TOP_PAD"
-_OFF = ("0", "off", "false", "no")
 #: Padding kept at the heap top (bytes).
 TOP_PAD = 16 * 1024**2
 #: glibc's mallopt parameter number of M_TOP_PAD (malloc.h).

@@ -52,15 +52,27 @@ def test_phase_writes_the_diagram_of_phase_diagram(tmp_path, capsys):
 
 
 def test_phase_options_reach_the_model(tmp_path, capsys):
-    """Causal, two heads, pre-LN: no equiangular curve, the arrays still written."""
+    """Causal, two heads, pre-LN: the arrays of that model, no equiangular curve."""
     text = SMALL + 'd = 4\nheads = 2\nmasked = true\nnormalization = "pre-ln"\n'
     out = tmp_path / "out"
     argv = ["phase", "--config", _toml(tmp_path, text), "--out", str(out)]
     assert main([*argv, "--no-progress"]) == 0
+    with jax.enable_x64(True):
+        want = mf.clustering.phase_diagram(
+            [1.0, 2.5, 4.0],
+            n=6,
+            d=4,
+            systems=5,
+            t1=8.0,
+            saveat=np.linspace(0, 8, 5),
+            heads=2,
+            masked=True,
+            normalization="pre-ln",
+        )
     with np.load(out / "phase.npz") as data:
         assert "theory" not in data.files
-        assert data["density"].shape == (3, 5)
-        assert np.all((data["density"] >= 0) & (data["density"] <= 1))
+        np.testing.assert_array_equal(data["density"], want.density)
+        np.testing.assert_array_equal(data["one_cluster"], want.one_cluster)
 
 
 @pytest.mark.parametrize(

@@ -28,6 +28,21 @@ from .report import Output, Report, Result
 from .simulate_config import as_matrix, resolve_config
 from .simulate_segments import CHECKPOINT, check_resume, run_segments
 
+#: What each kind of clustered position is called: in the summary, as a
+#: coordinate, on a trajectory plot, in the cluster-count title.
+_NAMES = {
+    "x": dict(summary="x (sphere)", coordinate="x", label="x(t)", what="x"),
+    "z": dict(
+        summary="z = e^{-tV} x",
+        coordinate="z",
+        label=r"$z(t) = e^{-tV} x(t)$",
+        what="z = exp(-tV) x",
+    ),
+    "theta": dict(
+        summary="θ = x/|x|", coordinate="θ", label="θ(t) = x/|x|", what="θ = x/|x|"
+    ),
+}
+
 
 def clustered(cfg: dict) -> str:
     """What a run clusters: "x" (tokens on the sphere), "z" or "theta".
@@ -82,9 +97,7 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
         "blowup_time": float(sol.blowup_time),
         "blowup_radius": cfg["blowup_radius"],
         "num_steps": int(sol.num_steps),
-        "clustered": {"x": "x (sphere)", "z": "z = e^{-tV} x", "theta": "θ = x/|x|"}[
-            kind
-        ],
+        "clustered": _NAMES[kind]["summary"],
         "clusters_final": found.number,
         "cluster_tol": found.tol,
         "cluster_tol_method": found.method,
@@ -127,8 +140,7 @@ def _figures(cfg: dict, result: Result, output: Output) -> None:
     on_sphere = kind == "x"
     ts = np.asarray(sol.ts)
     run = run_label(cfg)
-    coordinate = {"x": "x", "z": "z", "theta": "θ"}[kind]
-    label = {"x": "x(t)", "z": r"$z(t) = e^{-tV} x(t)$", "theta": "θ(t) = x/|x|"}[kind]
+    coordinate, label = _NAMES[kind]["coordinate"], _NAMES[kind]["label"]
     if on_sphere and d == 3:
         fig = plotting.plot_sphere(sol, title=f"{run}: t = {float(sol.t_final):.3g}")
     elif d >= 3:
@@ -148,7 +160,7 @@ def _figures(cfg: dict, result: Result, output: Output) -> None:
         ax.set_ylabel(label)
         ax.set_title(run)
     output.figure(fig, "trajectories.png", dpi=120)
-    what = {"x": "x", "z": "z = exp(-tV) x", "theta": "θ = x/|x|"}[kind]
+    what = _NAMES[kind]["what"]
     fig = plotting.plot_cluster_counts(
         counts.ts,
         counts.counts,
