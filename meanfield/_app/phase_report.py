@@ -18,7 +18,7 @@ import numpy as np
 from .. import clustering, plotting
 from .config import Key, boolean, choice, grid_range, integer, number, resolve
 from .report import Output, Report, Result
-from .simulate_config import NORMALIZATIONS
+from .simulate_config import NORMALIZATIONS, normalization_of
 
 ATTENTIONS = ("softmax", "unnormalized")
 
@@ -135,9 +135,7 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
             saveat=np.linspace(0.0, cfg["t1"], cfg["saves"]),
             key=jr.key(0 if seed is None else seed),
             attention=cfg["attention"],
-            normalization=None
-            if cfg["normalization"] == "none"
-            else cfg["normalization"],
+            normalization=normalization_of(cfg),
             masked=cfg["masked"],
             heads=cfg["heads"],
             eps=cfg["eps"],

@@ -212,6 +212,11 @@ def _finish_attention(att: dict) -> dict:
     return {k: v for k, v in att.items() if v is not None or k not in ("A", "Q", "K")}
 
 
+def normalization_of(cfg: dict) -> str | None:
+    """The `normalization` argument of `mf.simulate` for a configuration's key."""
+    return None if cfg["normalization"] == "none" else cfg["normalization"]
+
+
 def as_matrix(value, d: int) -> np.ndarray:
     """A resolved matrix parameter: a list of rows as is, a number c as c I_d."""
     if isinstance(value, list):

@@ -23,7 +23,7 @@ from .. import _io, _status
 from .._dynamics import Solution, simulate
 from .._measures import MaskedParticles, Particles
 from .._normalization import ON_SPHERE
-from .simulate_config import build_attention
+from .simulate_config import build_attention, normalization_of
 
 #: The checkpoint's file name in the output directory.
 CHECKPOINT = "checkpoint.npz"
@@ -184,7 +184,7 @@ def run_segments(
     measure = initial_measure(cfg, seed, dtype)
     save_ts = np.linspace(0.0, cfg["t1"], cfg["saves"])
     bounds = segment_bounds(cfg["saves"], cfg["segments"])
-    normalization = None if cfg["normalization"] == "none" else cfg["normalization"]
+    normalization = normalization_of(cfg)
     options = {
         name: cfg[name]
         for name in ("solver", "rtol", "atol", "dt0", "max_steps", "blowup_radius")
