@@ -38,6 +38,7 @@ _ENGINE = {
     "layers": "._dynamics",
     "simulate": "._dynamics",
     "simulate_ensemble": "._ensemble",
+    "simulate_merging": ".clustering._merging",
     "AbstractMeasure": "._measures",
     "AbstractParticles": "._measures",
     "Gaussian": "._measures",
@@ -89,6 +90,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from ._attention.softmax import SoftmaxAttention
     from ._dynamics import SOLVERS, Solution, layers, simulate
     from ._ensemble import simulate_ensemble
+    from .clustering._merging import simulate_merging
     from ._measures import (
         AbstractMeasure,
         AbstractParticles,

@@ -10,6 +10,8 @@ arrays (`rescale` excepted), in O(n d + 16 n) memory: never an (n, n) matrix.
 """
 
 from ._detect import Clusters, clusters, detect
+from ._energy import energy
+from ._merging import MergingSolution, merge, simulate_merging
 from ._over_time import CONSENSUS_TOL as CONSENSUS_TOL
 from ._over_time import ClusterCounts, cluster_counts, consensus_time, diameter
 from ._phase import (
@@ -26,6 +28,7 @@ from ._rescale import rescale
 __all__ = [
     "ClusterCounts",
     "Clusters",
+    "MergingSolution",
     "PhaseDiagram",
     "Polytope",
     "cluster_counts",
@@ -33,11 +36,14 @@ __all__ = [
     "consensus_time",
     "detect",
     "diameter",
+    "energy",
     "equiangular_rate",
     "equiangular_time",
     "head_attention",
+    "merge",
     "pair_alignment",
     "phase_diagram",
     "polytope",
     "rescale",
+    "simulate_merging",
 ]

@@ -1,0 +1,393 @@
+"""Merging of weighted atoms, and long runs that merge as clusters form.
+
+Clustering is metastable: tokens gather into clusters in time O(1), and the
+clusters merge on time scales that grow like e^{c beta} (Geshkovski, Koubbi,
+Polyanskiy & Rigollet, 2024; Bruno, Pasqualotto & Agazzi, ICLR 2025). A cluster
+whose atoms lie within `tol` of each other moves, to O(tol^2), like one atom of
+its total weight at its weighted mean (the first-order term of the kernel's
+Taylor expansion cancels at the mean, docs/math.md §8). `simulate_merging`
+replaces each such cluster by that atom between segments of the solve, so a run
+to t = 10^8 costs a few hundred steps of a few atoms instead of a stiff system of
+n tokens.
+"""
+
+import dataclasses
+
+import diffrax as dfx
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optimistix as optx
+from jaxtyping import Array, ArrayLike, Bool, Float
+from scipy.spatial import cKDTree
+
+from .. import _dynamics, _normalization
+from .._attention.base import AbstractAttention
+from .._checks import check_tolerances
+from .._clock import diffeqsolve_in_jit
+from .._linalg import row_norms
+from .._measures import AbstractParticles, MaskedParticles, Particles
+from .._normalization import ON_SPHERE
+from .._status import FAILED, MAX_STEPS, SUCCESS
+from .._status import name as status_name
+from .._step_floor import FlooredPIDController
+from ._checks import check_positive
+from ._detect import detect
+from ._energy import energy
+
+# |x| within this many ulps of 1 on every atom: the tokens live on the sphere.
+_SPHERE_ULPS = 100
+
+
+def _on_sphere(x: np.ndarray) -> bool:
+    norms = np.linalg.norm(x, axis=-1)
+    return bool(np.all(np.abs(norms - 1) <= _SPHERE_ULPS * np.finfo(x.dtype).eps))
+
+
+def merge(
+    measure: AbstractParticles, tol: float, *, sphere: bool | None = None
+) -> tuple[Particles, np.ndarray]:
+    """Merge atoms closer than `tol` (single linkage) into weighted atoms.
+
+    Each connected component of the graph |x_i - x_j| <= tol becomes one atom:
+    its weight is the summed weight, its position the weighted mean, projected
+    back on the unit sphere when the tokens live there. Coincident atoms merge
+    exactly (the velocity field of the merged measure is the same); atoms within
+    tol change it by O(tol^2).
+
+    Args:
+        measure: `Particles`, shape (n, d) (not masked: merging tokens of
+            different positions s would change who attends to whom).
+        tol: merging distance, > 0.
+        sphere: project the merged atoms on the unit sphere; None projects when
+            every |x_i| is 1 to 100 ulps.
+
+    Returns:
+        (merged, labels): `Particles` of k <= n atoms, in order of first
+        appearance of their clusters, dtype of the input; labels (n,) the atom
+        each input atom went to.
+
+    Raises:
+        ValueError: masked particles, non-finite positions, tol not positive.
+    """
+    if isinstance(measure, MaskedParticles):
+        raise ValueError(
+            "`measure` must be unmasked Particles: merging tokens of different "
+            "positions would change the causal mask."
+        )
+    if not isinstance(measure, AbstractParticles):
+        raise ValueError(f"`measure` must be Particles; got {type(measure).__name__}.")
+    tol = check_positive(tol, "tol")
+    x = np.asarray(measure.x)
+    found = detect(x, tol, weights=np.asarray(measure.weights, np.float64))
+    centres, masses = found.centres, found.masses
+    if _on_sphere(x) if sphere is None else sphere:
+        centres = centres / np.linalg.norm(centres, axis=-1, keepdims=True)
+    # Exact simplex weights in the measure's dtype (sums of weights may round).
+    masses = masses / masses.sum()
+    return Particles(centres.astype(x.dtype), masses.astype(x.dtype)), found.labels
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # array fields: no elementwise ==
+class MergingSolution:
+    """A run of `simulate_merging`: weighted atoms at every save time.
+
+    Attributes:
+        ts: save times, shape (T,).
+        x: atom positions, shape (T, n, d); rows past `counts[i]` are NaN.
+        weights: atom weights, shape (T, n); 0 past `counts[i]`.
+        counts: number of atoms after merging at each save time, shape (T,).
+        energy: the interaction energy (`clustering.energy`, with `beta`) at each
+            save time, shape (T,); None when beta is unknown.
+        log_energy: log of `energy`, shape (T,) (finite for any beta); or None.
+        beta: the inverse temperature of the energy, or None.
+        status: "success", or why the run stopped early ("blowup",
+            "max_steps", ...); save times after the stop hold NaN.
+        num_steps: solver steps over all segments.
+    """
+
+    ts: np.ndarray
+    x: np.ndarray
+    weights: np.ndarray
+    counts: np.ndarray
+    energy: np.ndarray | None
+    log_energy: np.ndarray | None
+    beta: float | None
+    status: str
+    num_steps: int
+
+    def measure(self, i: int) -> Particles:
+        """The merged measure at `ts[i]` (`counts[i]` atoms)."""
+        k = int(self.counts[i])
+        if k == 0:
+            raise IndexError(f"save time {i} was not reached (status {self.status}).")
+        return Particles(self.x[i, :k], self.weights[i, :k])
+
+
+def _beta_of(attn) -> float | None:
+    """Beta when the interaction matrix is a constant beta I, else None."""
+    a = getattr(attn, "A", None)
+    if a is None or callable(a):
+        return None
+    a = np.asarray(a, np.float64)
+    if a.ndim != 2 or a.shape[0] != a.shape[1]:
+        return None
+    beta = float(a[0, 0])
+    if beta > 0 and np.array_equal(a, beta * np.eye(a.shape[0])):
+        return beta
+    return None
+
+
+def _padded(measure: Particles) -> Particles:
+    """The atoms padded to the next power of two by weight-0 copies of atom 0.
+
+    One compiled solve serves every atom count in (2^(j-1), 2^j]. A weight-0 copy
+    of an atom moves exactly with it and acts on nobody.
+    """
+    k = measure.n
+    size = 1 << (k - 1).bit_length()
+    x = np.asarray(measure.x)
+    w = np.asarray(measure.weights)
+    x = np.concatenate([x, np.repeat(x[:1], size - k, axis=0)])
+    w = np.concatenate([w, np.zeros(size - k, w.dtype)])
+    return Particles(x, w)
+
+
+def _min_distance(x: Float[Array, "n d"], real: Bool[Array, " n"]) -> Array:
+    """Min |x_i - x_j| over pairs i != j of real atoms, in O(256 n) memory.
+
+    Differences, not |x_i|^2 + |x_j|^2 - 2<x_i, x_j>, which cancels to rounding
+    at the small distances a merge tolerance sits at.
+    """
+    n = x.shape[0]
+
+    def row(args):
+        xi, ri, i = args
+        dist = row_norms(x - xi[None, :])
+        others = real & ri & (jnp.arange(n) != i)
+        return jnp.min(jnp.where(others, dist, jnp.inf))
+
+    return jnp.min(jax.lax.map(row, (x, real, jnp.arange(n)), batch_size=256))
+
+
+@eqx.filter_jit
+def _segment(
+    measure, attn, t0, t1, ts, tol, rtol, atol, *, solver, max_steps, normalization
+):
+    """Solve from t0 towards t1 until two real atoms come within `tol`.
+
+    Integrated in t with every time traced (unlike `mf.simulate`'s static clock
+    and save fractions): the segments of a run start at the event times, and
+    one compilation per atom count serves them all.
+
+    Returns:
+        (saved ts (T,), +inf where not reached; saved x (T, n, d); t_end;
+        x_end (n, d); diffrax result; steps).
+    """
+    real = measure.weights > 0
+    dtype = measure.x.dtype
+    cond_dtype = jnp.result_type(float)  # diffrax compares with a Python 0.0
+
+    def field(t, x, args):
+        vel, _ = _normalization.velocity(attn, measure, x, t, normalization, 0.0)
+        return vel
+
+    def apart(t, y, args, **kwargs):  # diffrax passes t, y, args by keyword
+        x = y
+        return (_min_distance(x, real) - tol).astype(cond_dtype)
+
+    save = dfx.SaveAt(
+        subs=(dfx.SubSaveAt(ts=jnp.clip(ts, t0, t1)), dfx.SubSaveAt(t1=True))
+    )
+    sol = diffeqsolve_in_jit(
+        dfx.ODETerm(field),
+        solver,
+        t0,
+        t1,
+        None,
+        measure.x,
+        saveat=save,
+        stepsize_controller=FlooredPIDController(
+            rtol=rtol, atol=atol, t_start=jnp.zeros((), dtype), dt_ds=1.0
+        ),
+        max_steps=max_steps,
+        event=dfx.Event(
+            apart,
+            root_finder=optx.Bisection(
+                rtol=64 * float(jnp.finfo(dtype).eps), atol=1e-30, flip=False
+            ),
+        ),
+        throw=False,
+    )
+    (s_saved, s_end), (xs, x_end) = sol.ts, sol.ys
+    if normalization in ON_SPHERE:  # the projection method, as `mf.simulate`
+        xs = xs / row_norms(xs, keepdims=True)
+        x_end = x_end / row_norms(x_end, keepdims=True)
+    return s_saved, xs, s_end[0], x_end[0], sol.result, sol.stats["num_steps"]
+
+
+def simulate_merging(
+    mu: AbstractParticles,
+    attn: AbstractAttention,
+    t1: float,
+    *,
+    merge_tol: float,
+    saveat: ArrayLike,
+    normalization: str | None = None,
+    beta: float | None = None,
+    t0: float = 0.0,
+    solver: str = "tsit5",
+    rtol: float = 1e-8,
+    atol: float = 1e-8,
+    max_steps: int = 100_000,
+    progress: bool = False,
+) -> MergingSolution:
+    """Simulate, merging two atoms into one whenever they come within `merge_tol`.
+
+    The solve stops at the first time two atoms are `merge_tol` apart (an
+    event located by bisection), merges the atoms within that distance
+    (`merge`), and goes on from there with fewer atoms. So a tight cluster
+    never has to be resolved: its internal contraction (rate O(1), or e^beta
+    unnormalised) would otherwise bound an explicit solver's step for the whole
+    of an exponentially long run. Atom counts are padded to powers of two, so at
+    most log2(n) + 1 solves are compiled.
+
+    Args:
+        mu: initial unmasked `Particles` (n, d).
+        attn: the attention field.
+        t1: final time; must equal saveat[-1].
+        merge_tol: merging distance, > 0. A merge perturbs the field by
+            O(merge_tol^2) (docs/math.md §8); tokens of one cluster approach
+            each other exponentially fast, so a small tolerance costs little.
+        saveat: save times (T,), strictly increasing from t0 to t1 (a log-spaced
+            grid suits metastable runs).
+        normalization: as `mf.simulate` ("sphere" for the tokens on S^{d-1};
+            merged atoms are then projected back on it).
+        beta: inverse temperature of the energy; None reads it from attn.A when
+            that is a constant beta I (else no energy is computed).
+        t0: initial time; must equal saveat[0].
+        solver: an adaptive solver name of `mf.SOLVERS` or a diffrax solver.
+        rtol: relative tolerance of the adaptive steps.
+        atol: absolute tolerance of the adaptive steps.
+        max_steps: step budget of each solve between two merges.
+        progress: show a progress bar over the merges (tqdm).
+
+    Returns:
+        A `MergingSolution` (ts, x, weights, counts, energy, status).
+
+    Raises:
+        ValueError: masked particles, merge_tol not positive, saveat not
+            increasing from t0 to t1, a fixed-step solver.
+    """
+    if isinstance(mu, MaskedParticles) or not isinstance(mu, AbstractParticles):
+        raise ValueError(f"`mu` must be unmasked Particles; got {type(mu).__name__}.")
+    merge_tol = check_positive(merge_tol, "merge_tol")
+    check_tolerances(rtol, atol)
+    solver, adaptive = _dynamics._solver(solver)
+    if not adaptive:
+        raise ValueError("`solver` must be adaptive: merges happen at located events.")
+    ts = np.asarray(saveat, np.float64)
+    if ts.ndim != 1 or ts.size < 2 or not np.all(np.diff(ts) > 0):
+        raise ValueError("`saveat` must be a strictly increasing (T,) array, T >= 2.")
+    if ts[0] != float(t0) or ts[-1] != float(t1):
+        raise ValueError(
+            f"`saveat` must run from t0 = {t0} to t1 = {t1}; got {ts[0]} to {ts[-1]}."
+        )
+    if beta is None:
+        beta = _beta_of(attn)
+    elif not (np.isfinite(float(beta)) and float(beta) > 0):
+        raise ValueError(f"`beta` must be positive and finite; got {beta}.")
+    sphere = normalization in ON_SPHERE
+    _dynamics._check_common(mu, attn, normalization)
+
+    n, d = mu.n, mu.dim
+    dtype = np.asarray(mu.x).dtype
+    out = _Record(ts, n, d, dtype, beta)
+    current, _ = merge(mu, merge_tol, sphere=sphere)
+    out.save(0, current)
+    t, status, steps = float(t0), SUCCESS, 0
+    args = {
+        "solver": solver,
+        "max_steps": int(max_steps),
+        "normalization": normalization,
+    }
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=n - 1, desc="simulate_merging", unit="merge")
+    while True:
+        k = current.n
+        saved_t, saved_x, t_end, x_end, result, num = _segment(
+            _padded(current),
+            attn,
+            *(np.asarray(v, dtype) for v in (t, t1, ts, merge_tol, rtol, atol)),
+            **args,
+        )
+        steps += int(num)
+        saved_t, t_end = np.asarray(saved_t), float(t_end)
+        for i in np.flatnonzero((ts > t) & np.isfinite(saved_t)):
+            out.save(i, Particles(np.asarray(saved_x[i, :k]), current.weights))
+        x_end = np.asarray(x_end)[:k]
+        if not np.all(np.isfinite(x_end)):
+            status = FAILED
+            break
+        if result == dfx.RESULTS.successful:
+            break
+        gap = (
+            float(cKDTree(x_end).query(x_end, k=2)[0][:, 1].min()) if k > 1 else np.inf
+        )
+        # Under some solves diffrax reports a located event as the root find's
+        # "nonlinear_max_steps_reached" (as in `mf.simulate`): the pair within
+        # tol at the final state tells that it was the event.
+        located = result == dfx.RESULTS.event_occurred or (
+            result == dfx.RESULTS.nonlinear_max_steps_reached
+            and gap <= merge_tol * (1 + 1e-6)
+        )
+        if not located:
+            status = MAX_STEPS if result == dfx.RESULTS.max_steps_reached else FAILED
+            break
+        # The root find leaves the pair a hair off tol: merge at their distance.
+        current, _ = merge(
+            Particles(x_end, current.weights),
+            max(merge_tol, gap * (1 + 1e-9)),
+            sphere=sphere,
+        )
+        t = t_end
+        if bar is not None:
+            bar.update(k - current.n)
+    if bar is not None:
+        bar.close()
+    return out.result(status_name(status), steps)
+
+
+class _Record:
+    """The save-time arrays of a `MergingSolution`, filled as the run goes."""
+
+    def __init__(self, ts, n, d, dtype, beta):
+        self.ts, self.beta = ts, beta
+        self.x = np.full((ts.size, n, d), np.nan, dtype)
+        self.weights = np.zeros((ts.size, n), dtype)
+        self.counts = np.zeros(ts.size, np.int64)
+        self.log_energy = np.full(ts.size, np.nan)
+
+    def save(self, i: int, atoms: Particles) -> None:
+        k = atoms.n
+        self.x[i, :k], self.weights[i, :k], self.counts[i] = atoms.x, atoms.weights, k
+        if self.beta is not None:
+            self.log_energy[i] = float(energy(atoms, self.beta, log=True))
+
+    def result(self, status: str, steps: int) -> MergingSolution:
+        known = self.beta is not None
+        return MergingSolution(
+            ts=self.ts,
+            x=self.x,
+            weights=self.weights,
+            counts=self.counts,
+            energy=np.exp(self.log_energy) if known else None,
+            log_energy=self.log_energy if known else None,
+            beta=float(self.beta) if known else None,
+            status=status,
+            num_steps=steps,
+        )
