@@ -49,7 +49,15 @@ _ENGINE = {
     "shard": "._sharding",
 }
 # Public namespaces (subpackages).
-_NAMESPACES = ("bert", "clustering", "gaussian", "lipschitz", "plotting", "wasserstein")
+_NAMESPACES = (
+    "bert",
+    "clustering",
+    "density",
+    "gaussian",
+    "lipschitz",
+    "plotting",
+    "wasserstein",
+)
 
 __all__ = sorted([*_ENGINE, *_NAMESPACES])
 
@@ -75,7 +83,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
-    from . import bert, clustering, gaussian, lipschitz, plotting, wasserstein
+    from . import bert, clustering, density, gaussian, lipschitz, plotting, wasserstein
     from ._attention.base import AbstractAttention, AbstractKernelAttention
     from ._attention.ill_posed import (
         AbstractIllPosedAttention,
@@ -90,7 +98,6 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from ._attention.softmax import SoftmaxAttention
     from ._dynamics import SOLVERS, Solution, layers, simulate
     from ._ensemble import simulate_ensemble
-    from .clustering._merging import simulate_merging
     from ._measures import (
         AbstractMeasure,
         AbstractParticles,
@@ -100,3 +107,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from ._params import PiecewiseConstant
     from ._sharding import particle_mesh, shard
+    from .clustering._merging import simulate_merging

@@ -3,9 +3,10 @@
 Thin by design: parse the arguments and hand them to the command's module. Each
 command is a `_add_<name>(subparsers)` function that registers its parser and
 sets `func`, a callable taking the parsed namespace and returning an exit code.
-The report commands (gaussian, lipschitz, phase, simulate) are `report.Report`s: their
-`main` reads the TOML, runs, writes and prints. Nothing is imported before a
-command runs, so `meanfield --help` and `meanfield <command> --help` import no JAX.
+The report commands (density, gaussian, lipschitz, phase, simulate) are
+`report.Report`s: their `main` reads the TOML, runs, writes and prints. Nothing
+is imported before a command runs, so `meanfield --help` and
+`meanfield <command> --help` import no JAX.
 """
 
 import argparse
@@ -257,6 +258,34 @@ def _add_phase(subparsers) -> None:
     p.set_defaults(func=_run_phase)
 
 
+def _run_density(args: argparse.Namespace) -> int:
+    from .density_report import REPORT
+
+    return REPORT.main(args)
+
+
+def _add_density(subparsers) -> None:
+    p = subparsers.add_parser(
+        "density",
+        help="the mean-field density on the circle, beside particles",
+        description=(
+            "The density of tokens on the circle under attention with V = I, "
+            "A = beta I, solved as a PDE (finite volumes, FFT convolutions), "
+            "beside the same dynamics sampled by particles at the quantiles of "
+            "the initial density. Writes density.png (the density over (theta, "
+            "t) and the particle histogram at t1), density.npz and "
+            "manifest.json, and prints a short summary (clusters formed, the "
+            "fastest-growing mode, W1 between density and particles). "
+            "Configuration keys (TOML, all optional): N, beta, attention "
+            "(softmax | unnormalized), t1, saves, init (noise | smooth), noise, "
+            "particles (0 for none), rtol, atol."
+        ),
+    )
+    _add_config_option(p)
+    _add_common_options(p, out="out/density", seed_help="seed of the initial noise")
+    p.set_defaults(func=_run_density)
+
+
 def _run_bench(args: argparse.Namespace) -> int:
     # Its own parser: `--help` answers before the engine (JAX) is imported.
     from .bench_report import main as bench_main
@@ -305,6 +334,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_gaussian(subparsers)
     _add_lipschitz(subparsers)
     _add_phase(subparsers)
+    _add_density(subparsers)
     _add_bench(subparsers)
     # List every command's options in `meanfield --help` too, from the
     # subparsers themselves so the text cannot go stale.

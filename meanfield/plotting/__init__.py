@@ -23,6 +23,8 @@ from ..gaussian._ode import GaussianSolution as GaussianSolution
 from ..wasserstein._stability import Stability as Stability
 from ._animation import animate
 from ._clustering import plot_cluster_counts, plot_phase_diagram
+from ._density import plot_density
+from ._energy import plot_energy
 from ._gaussian import (
     plot_blowup_phase_diagram,
     plot_covariance_eigenvalues,
@@ -43,6 +45,8 @@ __all__ = [
     "plot_cluster_counts",
     "plot_covariance_eigenvalues",
     "plot_covariance_ellipses",
+    "plot_density",
+    "plot_energy",
     "plot_lipschitz_scaling",
     "plot_phase_diagram",
     "plot_radius",

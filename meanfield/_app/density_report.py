@@ -1,0 +1,239 @@
+"""The mean-field density on the circle from a configuration (`meanfield density`).
+
+The tokens' density rho(theta, t) on S^1 under attention with A = beta I, V = I
+(`mf.density.simulate`), beside the same dynamics sampled by particles
+(`mf.simulate`, tokens at the quantiles of rho0): clusters emerge from the
+uniform state at the fastest-growing Fourier mode (Geshkovski, Letrouit,
+Polyanskiy & Rigollet, 2023; Bruno, Pasqualotto & Agazzi, 2025).
+
+Run it with `meanfield density [--config FILE.toml]`.
+"""
+
+import numpy as np
+
+from .. import density, plotting
+from .config import Key, choice, integer, number
+from .config import resolve as resolve_schema
+from .report import Output, Report, Result
+
+ATTENTIONS = ("softmax", "unnormalized")
+INITS = ("noise", "smooth")
+
+
+def _nonnegative(value, key: str, cfg) -> float:
+    value = number()(value, key, cfg)
+    if value < 0:
+        raise ValueError(f"`{key}` must be >= 0; got {value}.")
+    return value
+
+
+#: The configuration: key -> (checker, default).
+SCHEMA: dict = {
+    "N": Key(integer(8), 1024),
+    "beta": Key(number(positive=True), 30.0),
+    "attention": Key(choice(ATTENTIONS), "softmax"),
+    "t1": Key(number(positive=True), 25.0),
+    "saves": Key(integer(2), 101),
+    "init": Key(choice(INITS), "noise"),
+    "noise": Key(_nonnegative, 1e-3),
+    "particles": Key(integer(0), 2000),
+    "rtol": Key(number(positive=True), 1e-8),
+    "atol": Key(number(positive=True), 1e-8),
+}
+
+
+def resolve_config(config: dict | None) -> dict:
+    """Validate a configuration and fill in the defaults (`SCHEMA`).
+
+    Keys (all optional): `N` (cells, >= 8), `beta` (> 0), `attention`
+    ("softmax" | "unnormalized"), `t1` (> 0), `saves` (>= 2), `init` ("noise":
+    uniform times 1 + noise N(0, 1) per cell; "smooth": e^{2 cos theta + 0.5
+    cos(3 theta - 1)} plus the same noise), `noise` (>= 0), `particles` (tokens
+    for the comparison, 0 for none), `rtol`, `atol` (> 0).
+
+    Raises:
+        ValueError: unknown key, wrong type or bad value; the message (one line)
+            names the key.
+    """
+    cfg = resolve_schema(SCHEMA, config)
+    if cfg["init"] == "noise" and cfg["noise"] == 0:
+        raise ValueError(
+            "`noise` must be positive with init = 'noise' (the uniform density "
+            "is a steady state)."
+        )
+    if not cfg["noise"] < 1:
+        raise ValueError(f"`noise` must be below 1 (rho >= 0); got {cfg['noise']}.")
+    return cfg
+
+
+def initial_density(cfg: dict, seed: int) -> np.ndarray:
+    """rho0 (N,) of a configuration: nonnegative, mass 1."""
+    theta = density.cell_centres(cfg["N"])
+    base = (
+        np.ones_like(theta)
+        if cfg["init"] == "noise"
+        else np.exp(2 * np.cos(theta) + 0.5 * np.cos(3 * theta - 1))
+    )
+    noise = np.random.default_rng(seed).standard_normal(theta.size)
+    rho = base * np.clip(1 + cfg["noise"] * noise, 0, None)
+    return rho / (rho.sum() * 2 * np.pi / rho.size)
+
+
+def run_density(
+    config: dict | None,
+    out_dir="out/density",
+    *,
+    seed: int | None = None,
+    progress: bool = False,
+) -> dict:
+    """The density run of a configuration, with its figure and arrays.
+
+    Writes to `out_dir` (created if needed): `density.png` (the (theta, t) heat
+    map, and the particle histogram at t1 against the density), `density.npz`
+    (`theta`, `ts`, `rho` (T, N), and with particles `angles` (T, n) and `w1`
+    (T,)) and `manifest.json`.
+
+    Args:
+        config: configuration (see `resolve_config`); None for the defaults.
+        out_dir: output directory.
+        seed: seed of the initial noise (None: 0).
+        progress: progress bars and lines on stderr.
+
+    Returns:
+        The summary (see `format_summary`).
+
+    Raises:
+        ValueError: invalid configuration (the message names the key).
+    """
+    return REPORT.run(resolve_config(config), out_dir, seed=seed, progress=progress)
+
+
+def _particles(cfg: dict, rho0: np.ndarray, ts: np.ndarray, progress: bool):
+    import meanfield as mf  # the engine, only when particles are asked for
+
+    angles = density.sample_quantiles(rho0, cfg["particles"])
+    cls = (
+        mf.SoftmaxAttention
+        if cfg["attention"] == "softmax"
+        else (mf.UnnormalizedAttention)
+    )
+    attn = cls(np.eye(2), A=cfg["beta"] * np.eye(2))
+    x = np.stack([np.cos(angles), np.sin(angles)], 1)
+    return mf.simulate(
+        mf.Particles(x),
+        attn,
+        cfg["t1"],
+        saveat=ts,
+        normalization="sphere",
+        rtol=cfg["rtol"],
+        atol=cfg["atol"],
+        progress=progress,
+    )
+
+
+def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
+    import jax
+
+    rho0 = initial_density(cfg, 0 if seed is None else seed)
+    ts = np.linspace(0.0, cfg["t1"], cfg["saves"])
+    output.log(
+        f"density: N = {cfg['N']} cells, beta = {cfg['beta']:g} "
+        f"({cfg['attention']}), t1 = {cfg['t1']:g}"
+    )
+    sol = density.simulate(
+        rho0,
+        cfg["t1"],
+        beta=cfg["beta"],
+        attention=cfg["attention"],
+        saveat=ts,
+        rtol=cfg["rtol"],
+        atol=cfg["atol"],
+        progress=output.progress,
+    )
+    density_s = output.wall_s
+    arrays = dict(theta=sol.theta, ts=sol.ts, rho=sol.rho)
+    summary = {
+        "N": cfg["N"],
+        "beta": cfg["beta"],
+        "attention": cfg["attention"],
+        "t1": cfg["t1"],
+        "status": sol.status,
+        "num_steps": sol.num_steps,
+        "density_wall_s": density_s,
+        "mass_error": float(np.nanmax(np.abs(sol.mass - 1))),
+        "lowest": sol.lowest,
+        "clusters_at_t1": density.count_clusters(sol.rho[-1]),
+        "fastest_mode": density.fastest_mode(cfg["beta"], cfg["attention"]),
+    }
+    particles = None
+    if cfg["particles"]:
+        output.log(f"particles: {cfg['particles']} tokens at the quantiles of rho0")
+        with jax.enable_x64(True):
+            particles = _particles(cfg, rho0, ts, output.progress)
+            x = np.asarray(particles.x)
+        angles = np.mod(np.arctan2(x[..., 1], x[..., 0]), 2 * np.pi)
+        reached = np.isfinite(particles.ts)
+        w1 = np.array(
+            [
+                density.circle_w1(sol.rho[i], angles[i]) if reached[i] else np.nan
+                for i in range(ts.size)
+            ]
+        )
+        arrays.update(angles=angles, w1=w1)
+        summary.update(
+            particles=cfg["particles"],
+            particle_status=str(particles.status),
+            particles_wall_s=output.wall_s - density_s,
+            w1_max=float(np.nanmax(w1)),
+        )
+    summary["wall_s"] = output.wall_s
+    resolved = {
+        **cfg,
+        "out_dir": str(output.dir),
+        "dtype": "float64",
+        "attention_matrices": "V = I, A = beta I on S^1",
+        "scheme": "finite volumes, MUSCL-minmod upwind flux, FFT convolutions, Tsit5",
+    }
+    return Result(summary, resolved, arrays, {"solution": sol, "particles": particles})
+
+
+def _figures(cfg: dict, result: Result, output: Output) -> None:
+    """density.png."""
+    output.figure(
+        plotting.plot_density(
+            result.data["solution"], particles=result.data["particles"]
+        ),
+        "density.png",
+        bbox_inches="tight",
+    )
+
+
+def format_summary(summary: dict) -> str:
+    """The lines printed after a run."""
+    lines = [
+        f"density: N = {summary['N']}, beta = {summary['beta']:g} "
+        f"({summary['attention']}) to t = {summary['t1']:g} in "
+        f"{summary['density_wall_s']:.1f} s, {summary['num_steps']} steps, "
+        f"status {summary['status']}",
+        f"mass error {summary['mass_error']:.1e}, lowest cell {summary['lowest']:.1e}; "
+        f"{summary['clusters_at_t1']} clusters at t1 (fastest mode: "
+        f"{summary['fastest_mode']})",
+    ]
+    if "particles" in summary:
+        lines.append(
+            f"particles: {summary['particles']} tokens in "
+            f"{summary['particles_wall_s']:.1f} s ({summary['particle_status']}); "
+            f"largest W1 to the density {summary['w1_max']:.2e}"
+        )
+    return "\n".join(lines)
+
+
+#: `meanfield density`.
+REPORT = Report(
+    "density",
+    resolve_config,
+    _compute,
+    _figures,
+    format_summary,
+    arrays="density.npz",
+)

@@ -1,0 +1,29 @@
+"""The Transformer PDE as a density: the mean-field equation on the circle.
+
+Public namespace `mf.density`: `simulate` evolves a density rho on [0, 2 pi) under
+attention with A = beta I, V = I (softmax or unnormalised), the continuum limit of
+the token dynamics on S^1 that `mf.simulate` integrates particle by particle;
+`growth_rate` and `fastest_mode` give the linear instability of the uniform
+density (how many clusters emerge from noise); `count_clusters` reads them
+off a density, and `circle_w1` compares a density with particles.
+"""
+
+from ._analysis import circle_w1, count_clusters, sample_quantiles
+from ._circle import (
+    DensitySolution,
+    cell_centres,
+    fastest_mode,
+    growth_rate,
+    simulate,
+)
+
+__all__ = [
+    "DensitySolution",
+    "cell_centres",
+    "circle_w1",
+    "count_clusters",
+    "fastest_mode",
+    "growth_rate",
+    "sample_quantiles",
+    "simulate",
+]

@@ -1,0 +1,113 @@
+"""Reading a density on the circle: its clusters, its particles, W1 to particles.
+
+On the circle W1(mu, nu) = min_c int_0^{2 pi} |F_mu(theta) - F_nu(theta) - c| dtheta,
+F the cumulative distribution functions from angle 0 and c their difference's
+median (Rabin, Delon & Gousseau, "Transportation distances on the circle", 2011).
+"""
+
+import numpy as np
+from jaxtyping import ArrayLike, Float
+
+TWO_PI = 2 * np.pi
+
+
+def _cdf_of_cells(rho: np.ndarray):
+    """(faces (N+1,), CDF at the faces (N+1,)) of cell values rho (N,)."""
+    N = rho.shape[0]
+    faces = np.arange(N + 1) * (TWO_PI / N)
+    cdf = np.concatenate([[0.0], np.cumsum(rho) * (TWO_PI / N)])
+    return faces, cdf / cdf[-1]
+
+
+def _check_rho(rho) -> np.ndarray:
+    rho = np.asarray(rho, np.float64)
+    if rho.ndim != 1 or rho.size == 0 or not np.all(np.isfinite(rho)):
+        raise ValueError(f"`rho` must be a finite (N,) array; got shape {rho.shape}.")
+    if not rho.sum() > 0:
+        raise ValueError("`rho` must have positive mass.")
+    return rho
+
+
+def sample_quantiles(rho: Float[ArrayLike, " N"], n: int) -> np.ndarray:
+    """Angles (n,) at the quantiles (i + 1/2) / n of a density's cells.
+
+    The deterministic sample whose empirical measure is within W1 <= 2 pi / (2 n)
+    of rho (a random sample is ~1 / sqrt(n) away): particles to compare with the
+    density solver without Monte Carlo noise.
+    """
+    rho = _check_rho(rho)
+    if int(n) < 1:
+        raise ValueError(f"`n` must be a positive integer; got {n}.")
+    faces, cdf = _cdf_of_cells(rho)
+    return np.interp((np.arange(int(n)) + 0.5) / int(n), cdf, faces)
+
+
+def circle_w1(
+    rho: Float[ArrayLike, " N"],
+    angles: Float[ArrayLike, " n"],
+    weights: Float[ArrayLike, " n"] | None = None,
+    *,
+    resolution: int = 1 << 18,
+) -> float:
+    """W1 on the circle between a density's cells and weighted particles.
+
+    The difference of the two CDFs is sampled at the midpoints of `resolution`
+    equal arcs (the density's CDF is exact, piecewise linear; each particle's
+    step is placed exactly), so the result is within 2 pi / resolution of the
+    exact distance. O(resolution + n log n).
+
+    Args:
+        rho: cell values on [0, 2 pi), shape (N,), normalised here (the tiny
+            negative values a solver may leave are taken as they are).
+        angles: particle angles, shape (n,), any real numbers (taken mod 2 pi).
+        weights: particle masses, shape (n,), nonnegative; None: uniform.
+        resolution: number of sample arcs.
+
+    Returns:
+        The distance, in radians (at most pi).
+    """
+    rho = _check_rho(rho)
+    angles = np.mod(np.asarray(angles, np.float64), TWO_PI)
+    if angles.ndim != 1 or angles.size == 0 or not np.all(np.isfinite(angles)):
+        raise ValueError("`angles` must be a finite (n,) array.")
+    w = (
+        np.full(angles.size, 1 / angles.size)
+        if weights is None
+        else np.asarray(weights, np.float64)
+    )
+    if w.shape != angles.shape or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError(f"`weights` must be nonnegative with shape {angles.shape}.")
+    w = w / w.sum()
+    grid = (np.arange(int(resolution)) + 0.5) * (TWO_PI / int(resolution))
+    faces, cdf = _cdf_of_cells(rho)
+    order = np.argsort(angles)
+    steps = np.concatenate([[0.0], np.cumsum(w[order])])
+    particle_cdf = steps[np.searchsorted(angles[order], grid, side="right")]
+    diff = np.interp(grid, faces, cdf) - particle_cdf
+    return float(np.mean(np.abs(diff - np.median(diff))) * TWO_PI)
+
+
+def count_clusters(rho: Float[ArrayLike, " N"], level: float = 4.0) -> int:
+    """Number of clusters of a density on the circle.
+
+    A cluster is a maximal arc of cells where rho exceeds `level` times the
+    uniform density 1 / (2 pi). The uniform state and its small perturbations
+    have none; a cluster of mass m and width w has rho ~ m / w, so it counts as
+    soon as it is narrower than 2 pi m / level.
+
+    Args:
+        rho: cell values on [0, 2 pi), shape (N,) (normalised here).
+        level: threshold in units of the uniform density, > 1.
+
+    Returns:
+        The number of arcs above the threshold (0 to N / 2).
+    """
+    rho = _check_rho(rho)
+    if not float(level) > 1:
+        raise ValueError(f"`level` must be greater than 1; got {level}.")
+    rho = rho / (rho.sum() * TWO_PI / rho.size)
+    above = rho > float(level) / TWO_PI
+    if above.all():
+        return 1
+    # Arcs start where a cell is above and its left neighbour (cyclically) not.
+    return int(np.sum(above & ~np.roll(above, 1)))

@@ -1,0 +1,96 @@
+"""The density on the circle as a (theta, t) heat map, beside the particles."""
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.colors import PowerNorm
+from matplotlib.figure import Figure
+
+
+def _angles(particles, i: int) -> np.ndarray:
+    """Angles in [0, 2 pi) of the tokens of a particle `Solution` at save i."""
+    x = np.asarray(particles.x[i])
+    if x.ndim != 2 or x.shape[1] != 2:
+        raise ValueError(
+            "`particles` must hold tokens on the circle, shape (T, n, 2); got "
+            f"{x.shape}."
+        )
+    return np.mod(np.arctan2(x[:, 1], x[:, 0]), 2 * np.pi)
+
+
+def plot_density(
+    solution,
+    *,
+    particles=None,
+    bins: int = 256,
+    axes=None,
+    title: str | None = None,
+) -> Figure:
+    """The density over (theta, t), and its last save against a particle histogram.
+
+    Left: rho(theta, t) as a heat map (colour on a square-root scale, so the
+    uniform state and the clusters both show). Right, when `particles` is given:
+    the histogram of the particles' angles at the last save time with the
+    density drawn over it: the continuum limit against the tokens it describes.
+
+    Args:
+        solution: a `mf.density.DensitySolution`.
+        particles: a particle `Solution` on the circle (d = 2), saved at the
+            same times, or None for the heat map alone.
+        bins: histogram bins.
+        axes: axes to draw on: one for the heat map, two when `particles` is
+            given; None creates the figure.
+        title: title of the heat map; None for a default.
+
+    Returns:
+        The figure.
+
+    Raises:
+        ValueError: particles not on the circle, or `axes` of the wrong length.
+    """
+    wanted = 1 if particles is None else 2
+    if axes is None:
+        fig, axes = plt.subplots(
+            1, wanted, figsize=(5.5 * wanted, 4.0), layout="constrained", squeeze=False
+        )
+        axes = list(axes[0])
+    else:
+        axes = list(np.atleast_1d(axes))
+        if len(axes) != wanted:
+            raise ValueError(f"`axes` must hold {wanted} axes; got {len(axes)}.")
+        fig = axes[0].figure
+    reached = np.isfinite(solution.ts)
+    ts, rho = solution.ts[reached], solution.rho[reached]
+    heat = axes[0].pcolormesh(
+        solution.theta,
+        ts,
+        rho,
+        shading="nearest",
+        norm=PowerNorm(0.5, vmin=0, vmax=max(float(rho.max()), 1e-300)),
+        cmap="magma",
+    )
+    fig.colorbar(heat, ax=axes[0], label="ρ")
+    axes[0].set_xlabel("θ")
+    axes[0].set_ylabel("t")
+    axes[0].set_title(
+        title
+        if title is not None
+        else f"density, β = {solution.beta:g} ({solution.attention})"
+    )
+    if particles is not None:
+        ax = axes[1]
+        angles = _angles(particles, int(np.flatnonzero(reached)[-1]))
+        ax.hist(
+            angles,
+            bins=bins,
+            range=(0, 2 * np.pi),
+            density=True,
+            color="0.7",
+            label=f"{angles.size} particles",
+        )
+        ax.plot(solution.theta, rho[-1], color="C3", lw=1.2, label="density")
+        ax.set_xlim(0, 2 * np.pi)
+        ax.set_xlabel("θ")
+        ax.set_ylabel("ρ")
+        ax.set_title(f"t = {ts[-1]:g}")
+        ax.legend(fontsize="small")
+    return fig
