@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["demo", "gaussian", "lipschitz", "phase", "simulate", "bench"]
+COMMANDS = ["demo", "gaussian", "lipschitz", "phase", "density", "simulate", "bench"]
 
 
 def _imported(stderr: str) -> set[str]:

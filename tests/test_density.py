@@ -92,6 +92,8 @@ def test_the_fastest_growing_mode_wins_from_a_flat_spectrum():
     beta, N = 30.0, 512
     k_star = density.fastest_mode(beta)
     assert k_star == 8
+    # Bruno, Pasqualotto & Agazzi (ICLR 2025, Fig. 4): 3 clusters at beta = 5.
+    assert density.fastest_mode(5.0) == 3
     ks = np.arange(1, 64)
     sol = density.simulate(
         _modes(N, ks, 1e-8, seed=1),

@@ -7,6 +7,7 @@ growing like e^{c beta}, and the energy 1/(2 beta) sum_ij w_i w_j e^{beta <x_i, 
 climbs a staircase, one step per merge.
 """
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import softmax_velocity_numpy
@@ -249,3 +250,21 @@ def test_the_energy_staircase_on_the_circle():
     assert len(plateaus) >= 3 and max(plateaus) >= 3, plateaus
     # One cluster holds all the mass at energy e^beta / (2 beta).
     np.testing.assert_allclose(run.log_energy[-1], beta - np.log(2 * beta), rtol=1e-12)
+
+
+def test_simulate_merging_runs_in_float64_from_float32_tokens():
+    """float32 time cannot resolve a merge at t ~ 1e6 (ulp 0.06): float64 inside."""
+    beta = 9.0
+    x = jnp.asarray(_circle(8, seed=9), jnp.float32)
+    attn = mf.SoftmaxAttention(jnp.eye(2, dtype=jnp.float32), A=beta * jnp.eye(2))
+    ts = np.concatenate([[0.0], np.logspace(-1, 8, 19)])
+    run = simulate_merging(
+        mf.Particles(x),
+        attn,
+        ts[-1],
+        merge_tol=1e-4,
+        saveat=ts,
+        normalization="sphere",
+    )
+    assert run.status == "success" and run.counts[-1] == 1
+    assert run.x.dtype == np.float64

@@ -10,7 +10,7 @@ import pytest
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.py"))
 
 
-# Second tier (make test-slow): the seven notebooks take ~140 s of compiles together.
+# Second tier (make test-slow): the eight notebooks take ~140 s of compiles together.
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_in_smoke_mode(path, monkeypatch):

@@ -238,8 +238,8 @@ def simulate_merging(
     beta: float | None = None,
     t0: float = 0.0,
     solver: str = "tsit5",
-    rtol: float = 1e-8,
-    atol: float = 1e-8,
+    rtol: float | None = None,
+    atol: float | None = None,
     max_steps: int = 100_000,
     progress: bool = False,
 ) -> MergingSolution:
@@ -268,13 +268,14 @@ def simulate_merging(
             that is a constant beta I (else no energy is computed).
         t0: initial time; must equal saveat[0].
         solver: an adaptive solver name of `mf.SOLVERS` or a diffrax solver.
-        rtol: relative tolerance of the adaptive steps.
-        atol: absolute tolerance of the adaptive steps.
+        rtol: relative tolerance of the adaptive steps (None: 1e-8).
+        atol: absolute tolerance of the adaptive steps (None: 1e-8).
         max_steps: step budget of each solve between two merges.
         progress: show a progress bar over the merges (tqdm).
 
     Returns:
-        A `MergingSolution` (ts, x, weights, counts, energy, status).
+        A `MergingSolution` (ts, x, weights, counts, energy, status), in
+        float64 whatever JAX's default precision.
 
     Raises:
         ValueError: masked particles, merge_tol not positive, saveat not
@@ -283,6 +284,8 @@ def simulate_merging(
     if isinstance(mu, MaskedParticles) or not isinstance(mu, AbstractParticles):
         raise ValueError(f"`mu` must be unmasked Particles; got {type(mu).__name__}.")
     merge_tol = check_positive(merge_tol, "merge_tol")
+    rtol = 1e-8 if rtol is None else rtol
+    atol = 1e-8 if atol is None else atol
     check_tolerances(rtol, atol)
     solver, adaptive = _dynamics._solver(solver)
     if not adaptive:
@@ -301,6 +304,42 @@ def simulate_merging(
     sphere = normalization in ON_SPHERE
     _dynamics._check_common(mu, attn, normalization)
 
+    # Long runs need float64 time: at t = 1e6 a float32 ulp is 0.06, coarser
+    # than a merge, which takes a time of order 1.
+    with jax.enable_x64(True):
+        mu = Particles(np.asarray(mu.x, np.float64), np.asarray(mu.weights, np.float64))
+        return _run(
+            mu,
+            attn,
+            ts,
+            merge_tol,
+            rtol,
+            atol,
+            beta,
+            sphere,
+            solver,
+            int(max_steps),
+            normalization,
+            progress,
+        )
+
+
+def _run(
+    mu,
+    attn,
+    ts,
+    merge_tol,
+    rtol,
+    atol,
+    beta,
+    sphere,
+    solver,
+    max_steps,
+    normalization,
+    progress,
+) -> MergingSolution:
+    """The event loop of `simulate_merging` (arguments checked there)."""
+    t0, t1 = float(ts[0]), float(ts[-1])
     n, d = mu.n, mu.dim
     dtype = np.asarray(mu.x).dtype
     out = _Record(ts, n, d, dtype, beta)

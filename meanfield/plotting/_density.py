@@ -29,8 +29,9 @@ def plot_density(
 
     Left: rho(theta, t) as a heat map (colour on a square-root scale, so the
     uniform state and the clusters both show). Right, when `particles` is given:
-    the histogram of the particles' angles at the last save time with the
-    density drawn over it: the continuum limit against the tokens it describes.
+    the histogram of the particles' angles at the last save time, and the
+    density's mass in the same bins drawn over it: the continuum limit against
+    the tokens it describes, at one resolution.
 
     Args:
         solution: a `mf.density.DensitySolution`.
@@ -79,15 +80,21 @@ def plot_density(
     if particles is not None:
         ax = axes[1]
         angles = _angles(particles, int(np.flatnonzero(reached)[-1]))
+        # The density's mass in the histogram's bins (its CDF is piecewise
+        # linear), as a density: the same resolution as the particles'.
+        edges = np.linspace(0, 2 * np.pi, bins + 1)
+        N = rho.shape[1]
+        faces = np.arange(N + 1) * (2 * np.pi / N)
+        cdf = np.concatenate([[0.0], np.cumsum(rho[-1])]) * (2 * np.pi / N)
+        binned = np.diff(np.interp(edges, faces, cdf)) / np.diff(edges)
         ax.hist(
             angles,
-            bins=bins,
-            range=(0, 2 * np.pi),
+            bins=edges,
             density=True,
-            color="0.7",
+            color="0.6",
             label=f"{angles.size} particles",
         )
-        ax.plot(solution.theta, rho[-1], color="C3", lw=1.2, label="density")
+        ax.stairs(binned, edges, color="C3", lw=1.2, label="density")
         ax.set_xlim(0, 2 * np.pi)
         ax.set_xlabel("θ")
         ax.set_ylabel("ρ")

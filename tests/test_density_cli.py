@@ -1,0 +1,89 @@
+"""`meanfield density`: the density on the circle beside particles, from a TOML."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+import meanfield as mf
+from meanfield import density
+from meanfield._app.cli import main
+from meanfield._app.density_report import initial_density, resolve_config
+
+SMALL = """\
+N = 128
+beta = 8.0
+t1 = 6.0
+saves = 4
+init = "smooth"
+particles = 64
+"""
+
+
+def _toml(tmp_path, text):
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_density_writes_the_solution_and_the_particles(tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["density", "--config", _toml(tmp_path, SMALL), "--out", str(out)]
+    assert main([*argv, "--seed", "2", "--no-progress"]) == 0
+    assert (out / "density.png").stat().st_size > 10_000
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["seed"] == 2 and manifest["config"]["N"] == 128
+    assert sorted(manifest["files"]) == ["density.npz", "density.png"]
+    cfg = resolve_config({"N": 128, "beta": 8.0, "init": "smooth", "particles": 64})
+    rho0 = initial_density(cfg, 2)
+    ts = np.linspace(0, 6, 4)
+    want = density.simulate(rho0, 6.0, beta=8.0, saveat=ts)
+    angles = density.sample_quantiles(rho0, 64)
+    with jax.enable_x64(True):
+        particles = mf.simulate(
+            mf.Particles(np.stack([np.cos(angles), np.sin(angles)], 1)),
+            mf.SoftmaxAttention(np.eye(2), A=8.0 * np.eye(2)),
+            6.0,
+            saveat=ts,
+            normalization="sphere",
+            rtol=1e-8,
+            atol=1e-8,
+        )
+    with np.load(out / "density.npz") as data:
+        np.testing.assert_array_equal(data["rho"], want.rho)
+        np.testing.assert_array_equal(data["ts"], ts)
+        x = np.asarray(particles.x)
+        np.testing.assert_allclose(
+            data["angles"], np.mod(np.arctan2(x[..., 1], x[..., 0]), 2 * np.pi)
+        )
+        assert data["w1"].shape == (4,) and np.all(data["w1"] < 0.05)
+    printed = capsys.readouterr().out
+    assert "density: N = 128, beta = 8 (softmax) to t = 6" in printed
+    assert "particles: 64 tokens" in printed
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("N = 4", "`N` must be an integer >= 8"),
+        ("beta = -1.0", "`beta` must be positive"),
+        ('attention = "l2"', "`attention` must be one of softmax, unnormalized"),
+        ("noise = 0.0", "`noise` must be positive with init = 'noise'"),
+        ("noise = 1.5", "`noise` must be below 1"),
+        ("colour = 1", "unknown key `colour`"),
+    ],
+)
+def test_density_rejects_bad_configurations(tmp_path, capsys, text, message):
+    out = tmp_path / "out"
+    assert main(["density", "--config", _toml(tmp_path, text), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("meanfield density: error:") and message in err
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_initial_density_has_mass_one_and_is_nonnegative():
+    for init in ("noise", "smooth"):
+        rho = initial_density(resolve_config({"init": init, "noise": 0.5}), 0)
+        assert rho.min() >= 0
+        np.testing.assert_allclose(rho.sum() * 2 * np.pi / rho.size, 1, rtol=1e-14)
