@@ -145,22 +145,13 @@ def particles(n):
     fine = density.cell_centres(4096)
     rho_fine = np.exp(2 * np.cos(fine) + 0.5 * np.cos(3 * fine - 1))
     rho_fine /= rho_fine.sum() * 2 * np.pi / fine.size
-    angles = density.sample_quantiles(rho_fine, n)
-    x = np.stack([np.cos(angles), np.sin(angles)], 1)
     start = time.perf_counter()
-    sol = mf.simulate(
-        mf.Particles(x),
-        mf.SoftmaxAttention(np.eye(2), A=beta * np.eye(2)),
-        t1,
-        saveat=ts,
-        normalization="sphere",
-        rtol=1e-8,
-        atol=1e-8,
+    sol = density.simulate_particles(
+        density.sample_quantiles(rho_fine, n), t1, beta=beta, saveat=ts
     )
-    xs = np.asarray(sol.x)
+    theta_t = density.angles(sol.x)
     row["particles_s"] = time.perf_counter() - start
     row["particle_steps"] = int(sol.num_steps)
-    theta_t = np.arctan2(xs[..., 1], xs[..., 0])
     for N in (1024, 4096):
         c = density.cell_centres(N)
         rho0 = np.exp(2 * np.cos(c) + 0.5 * np.cos(3 * c - 1))

@@ -67,21 +67,11 @@ theta = density.cell_centres(N)
 rho0 = np.exp(2 * np.cos(theta) + 0.5 * np.cos(3 * theta - 1))
 rho0 /= rho0.sum() * 2 * np.pi / N
 sol = density.simulate(rho0, t1, beta=beta, saveat=ts)
-angles = density.sample_quantiles(rho0, n)
-particles = mf.simulate(
-    mf.Particles(np.stack([np.cos(angles), np.sin(angles)], 1)),
-    mf.SoftmaxAttention(np.eye(2), A=beta * np.eye(2)),
-    t1,
-    saveat=ts,
-    normalization="sphere",
-    rtol=1e-8,
-    atol=1e-8,
+particles = density.simulate_particles(
+    density.sample_quantiles(rho0, n), t1, beta=beta, saveat=ts
 )
-x = np.asarray(particles.x)
-w1 = [
-    density.circle_w1(sol.rho[i], np.arctan2(x[i, :, 1], x[i, :, 0]))
-    for i in range(ts.size)
-]
+theta_t = density.angles(particles.x)  # (T, n)
+w1 = [density.circle_w1(sol.rho[i], theta_t[i]) for i in range(ts.size)]
 print(
     f"density: {sol.status}, {sol.num_steps} steps, mass error "
     f"{np.abs(sol.mass - 1).max():.1e}; particles: {particles.status}"

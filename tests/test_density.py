@@ -10,7 +10,6 @@ Letrouit, Polyanskiy & Rigollet, 2023; Bruno, Pasqualotto & Agazzi, 2025).
 import numpy as np
 import pytest
 
-import meanfield as mf
 from meanfield import density
 from meanfield.density._circle import _kernel_coefficients, rate_of_change
 
@@ -127,22 +126,11 @@ def test_density_follows_the_particles_in_w1():
     rho0 = _normalised(np.exp(2 * np.cos(theta) + 0.5 * np.cos(3 * theta - 1)))
     ts = np.linspace(0, t1, 5)
     sol = density.simulate(rho0, t1, beta=beta, saveat=ts)
-    angles = density.sample_quantiles(rho0, n)
-    x = np.stack([np.cos(angles), np.sin(angles)], 1)
-    attn = mf.SoftmaxAttention(np.eye(2), A=beta * np.eye(2))
-    particles = mf.simulate(
-        mf.Particles(x),
-        attn,
-        t1,
-        saveat=ts,
-        normalization="sphere",
-        rtol=1e-8,
-        atol=1e-8,
+    particles = density.simulate_particles(
+        density.sample_quantiles(rho0, n), t1, beta=beta, saveat=ts
     )
-    w1 = [
-        density.circle_w1(sol.rho[i], np.arctan2(*np.asarray(particles.x[i]).T[::-1]))
-        for i in range(ts.size)
-    ]
+    theta_t = density.angles(particles.x)
+    w1 = [density.circle_w1(sol.rho[i], theta_t[i]) for i in range(ts.size)]
     # At t = 0: the quantile sample's 2 pi / (4 n). Later: that, spread by the
     # flow, plus the finite-volume error, first order (h = 2 pi / N = 6e-3) only
     # at the density's extrema.

@@ -143,7 +143,7 @@ def test_import_graph_sees_real_edges():
     assert "meanfield.gaussian._ode" in graph["meanfield.gaussian"]
 
 
-ANALYSES = ("bert", "clustering", "gaussian", "lipschitz", "wasserstein")
+ANALYSES = ("bert", "clustering", "density", "gaussian", "lipschitz", "wasserstein")
 
 
 def _layer(module: str) -> int:

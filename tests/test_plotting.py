@@ -269,3 +269,44 @@ def test_lipschitz_legend_hides_no_curve_and_the_lower_bound_shows():
     np.testing.assert_allclose(lower.get_ydata(), config.get_ydata())
     assert lower.get_linewidth() >= 3 * config.get_linewidth()
     assert lower.get_zorder() < config.get_zorder()
+
+
+def test_energy_is_normalised_by_beta_on_a_log_time_axis():
+    ts = np.array([0.0, 1.0, 10.0, 100.0, np.inf])
+    beta = 4.0
+    log_e = np.array([1.0, 2.0, 3.0, beta - np.log(2 * beta), np.nan])
+    fig = plotting.plot_energy(ts, log_energy=log_e, beta=beta, counts=[5, 4, 2, 1, 0])
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    line = ax.get_lines()[0]
+    np.testing.assert_allclose(line.get_xdata(), [1.0, 10.0, 100.0])  # t > 0, finite
+    np.testing.assert_allclose(
+        line.get_ydata(), np.exp(log_e[1:4] + np.log(2 * beta) - beta)
+    )
+    assert line.get_ydata()[-1] == pytest.approx(1.0)  # one cluster
+    assert fig.axes[1].get_ylabel() == "atoms"
+    with pytest.raises(ValueError, match="exactly one"):
+        plotting.plot_energy(ts, energy=np.ones(5), log_energy=log_e)
+
+
+def test_density_heat_map_and_binned_density_beside_the_particles():
+    from meanfield import density
+
+    N, ts = 16, np.array([0.0, 1.0])
+    rho = np.full((2, N), 1 / (2 * np.pi))
+    rho[1] = 0.0
+    rho[1, :4] = 1 / (4 * 2 * np.pi / N)  # all mass on [0, pi/2)
+    sol = density.DensitySolution(ts, rho, "success", 3, 2.0, "softmax")
+    theta = np.linspace(0.1, 1.4, 8)
+    x = np.stack([np.cos(theta), np.sin(theta)], -1)
+    particles = _solution(ts, np.stack([x, x]))
+    fig = plotting.plot_density(sol, particles=particles, bins=4)
+    heat = [c for c in fig.axes[0].collections if isinstance(c, QuadMesh)][0]
+    np.testing.assert_allclose(np.asarray(heat.get_array()).reshape(2, N), rho)
+    (right,) = [ax for ax in fig.axes if ax.get_title() == "t = 1"]
+    bars = [p.get_height() for p in right.patches[:4]]
+    np.testing.assert_allclose(bars, [1 / (np.pi / 2), 0, 0, 0])
+    stairs = right.patches[4].get_data().values  # the density, in the same bins
+    np.testing.assert_allclose(stairs, [1 / (np.pi / 2), 0, 0, 0])
+    with pytest.raises(ValueError, match="`axes`"):
+        plotting.plot_density(sol, particles=particles, axes=[fig.axes[0]])

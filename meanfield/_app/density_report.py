@@ -108,32 +108,7 @@ def run_density(
     return REPORT.run(resolve_config(config), out_dir, seed=seed, progress=progress)
 
 
-def _particles(cfg: dict, rho0: np.ndarray, ts: np.ndarray, progress: bool):
-    import meanfield as mf  # the engine, only when particles are asked for
-
-    angles = density.sample_quantiles(rho0, cfg["particles"])
-    cls = (
-        mf.SoftmaxAttention
-        if cfg["attention"] == "softmax"
-        else (mf.UnnormalizedAttention)
-    )
-    attn = cls(np.eye(2), A=cfg["beta"] * np.eye(2))
-    x = np.stack([np.cos(angles), np.sin(angles)], 1)
-    return mf.simulate(
-        mf.Particles(x),
-        attn,
-        cfg["t1"],
-        saveat=ts,
-        normalization="sphere",
-        rtol=cfg["rtol"],
-        atol=cfg["atol"],
-        progress=progress,
-    )
-
-
 def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
-    import jax
-
     rho0 = initial_density(cfg, 0 if seed is None else seed)
     ts = np.linspace(0.0, cfg["t1"], cfg["saves"])
     output.log(
@@ -168,10 +143,17 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
     particles = None
     if cfg["particles"]:
         output.log(f"particles: {cfg['particles']} tokens at the quantiles of rho0")
-        with jax.enable_x64(True):
-            particles = _particles(cfg, rho0, ts, output.progress)
-            x = np.asarray(particles.x)
-        angles = np.mod(np.arctan2(x[..., 1], x[..., 0]), 2 * np.pi)
+        particles = density.simulate_particles(
+            density.sample_quantiles(rho0, cfg["particles"]),
+            cfg["t1"],
+            beta=cfg["beta"],
+            attention=cfg["attention"],
+            saveat=ts,
+            rtol=cfg["rtol"],
+            atol=cfg["atol"],
+            progress=output.progress,
+        )
+        angles = density.angles(particles.x)
         reached = np.isfinite(particles.ts)
         w1 = np.array(
             [

@@ -415,7 +415,8 @@ class _Record:
         k = atoms.n
         self.x[i, :k], self.weights[i, :k], self.counts[i] = atoms.x, atoms.weights, k
         if self.beta is not None:
-            self.log_energy[i] = float(energy(atoms, self.beta, log=True))
+            # Padded (weight-0 atoms add nothing): one compilation per power of two.
+            self.log_energy[i] = float(energy(_padded(atoms), self.beta, log=True))
 
     def result(self, status: str, steps: int) -> MergingSolution:
         known = self.beta is not None

@@ -111,3 +111,11 @@ def count_clusters(rho: Float[ArrayLike, " N"], level: float = 4.0) -> int:
         return 1
     # Arcs start where a cell is above and its left neighbour (cyclically) not.
     return int(np.sum(above & ~np.roll(above, 1)))
+
+
+def angles(x: Float[ArrayLike, "... 2"]) -> np.ndarray:
+    """Angles in [0, 2 pi) of points of the plane (tokens on S^1), shape (...)."""
+    x = np.asarray(x, np.float64)
+    if x.ndim == 0 or x.shape[-1] != 2:
+        raise ValueError(f"`x` must have shape (..., 2); got {x.shape}.")
+    return np.mod(np.arctan2(x[..., 1], x[..., 0]), TWO_PI)

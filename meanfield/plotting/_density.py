@@ -5,16 +5,7 @@ import numpy as np
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
-
-def _angles(particles, i: int) -> np.ndarray:
-    """Angles in [0, 2 pi) of the tokens of a particle `Solution` at save i."""
-    x = np.asarray(particles.x[i])
-    if x.ndim != 2 or x.shape[1] != 2:
-        raise ValueError(
-            "`particles` must hold tokens on the circle, shape (T, n, 2); got "
-            f"{x.shape}."
-        )
-    return np.mod(np.arctan2(x[:, 1], x[:, 0]), 2 * np.pi)
+from ..density._analysis import angles as angles_of
 
 
 def plot_density(
@@ -79,7 +70,13 @@ def plot_density(
     )
     if particles is not None:
         ax = axes[1]
-        angles = _angles(particles, int(np.flatnonzero(reached)[-1]))
+        x = np.asarray(particles.x[int(np.flatnonzero(reached)[-1])])
+        if x.ndim != 2 or x.shape[1] != 2:
+            raise ValueError(
+                "`particles` must hold tokens on the circle, shape (T, n, 2); got "
+                f"{np.shape(particles.x)}."
+            )
+        angles = angles_of(x)
         # The density's mass in the histogram's bins (its CDF is piecewise
         # linear), as a density: the same resolution as the particles'.
         edges = np.linspace(0, 2 * np.pi, bins + 1)
