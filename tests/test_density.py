@@ -120,8 +120,11 @@ def test_clusters_from_noise_number_about_the_fastest_mode(seed):
     assert abs(density.count_clusters(sol.rho[-1]) - density.fastest_mode(beta)) <= 1
 
 
-def test_density_follows_the_particles_in_w1():
-    beta, N, n, t1 = 10.0, 1024, 2000, 4.0
+@pytest.mark.parametrize(
+    ("N", "n"), [(512, 400), pytest.param(1024, 2000, marks=pytest.mark.slow)]
+)
+def test_density_follows_the_particles_in_w1(N, n):
+    beta, t1 = 10.0, 4.0
     theta = density.cell_centres(N)
     rho0 = _normalised(np.exp(2 * np.cos(theta) + 0.5 * np.cos(3 * theta - 1)))
     ts = np.linspace(0, t1, 5)
