@@ -112,7 +112,7 @@ def cells():
         density.circle_w1(r, s) for r, s in zip(peer, samples, strict=True)
     ]
     print({k: v for k, v in row.items()}, flush=True)
-    return row, sol
+    return row, (sol.theta, sol.rho[-1], peer[-1], ref.theta, ref.rho[-1])
 
 
 def growth():
@@ -194,9 +194,18 @@ def staircase():
     return row, run
 
 
-def plot(rows, sol, run, path):
+def plot(rows, finals, run, path):
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
-    mf.plotting.plot_density(sol, axes=axes[0, 0], title="N = 10⁴ cells, β = 30")
+    theta, ours, peer, ref_theta, ref = finals
+    ax = axes[0, 0]
+    ax.plot(ref_theta, ref, color="0.6", lw=3, label="2¹⁵ cells, rtol 10⁻¹⁰")
+    ax.plot(theta, ours, color="C0", lw=1, label="meanfield, 10⁴ cells")
+    ax.plot(theta, peer, color="C1", lw=1, label="Lax-Friedrichs, 10⁴ cells")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_xlabel("θ")
+    ax.set_ylabel("ρ at t = 20")
+    ax.set_title("β = 30, from band-limited noise")
+    ax.legend(fontsize="small")
     cell = rows["cells"]
     ax = axes[0, 1]
     names = ["meanfield", "lax_friedrichs"]
@@ -247,14 +256,14 @@ def main():
     rows = {}
     rows["staircase"], run = staircase()
     rows["growth"] = growth()
-    rows["cells"], sol = cells()
+    rows["cells"], finals = cells()
     rows["particles"] = particles(args.particles)
     device = jax.devices()[0].platform
     write_manifest(
         out / f"density_{device}.json",
         dict(manifest=manifest(vars(args), 0, None), rows=rows),
     )
-    plot(rows, sol, run, out / f"density_{device}.png")
+    plot(rows, finals, run, out / f"density_{device}.png")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@
 # Bruno, Pasqualotto & Agazzi, ICLR 2025).
 #
 # 1. The mean-field PDE itself, ∂ₜρ + ∂_θ(ρv) = 0, solved for the density ρ on
-#    [0, 2π) (`mf.density.simulate`), beside 2·10⁴ tokens.
+#    [0, 2π) (`mf.density.simulate`), beside 5000 tokens
+#    (benchmarks/density.py compares 2·10⁴).
 # 2. How many clusters emerge from noise: the fastest-growing Fourier mode of the
 #    uniform state, λ_k = k² I_k(β) / (β I₀(β)) (docs/math.md §9).
 # 3. The energy staircase: `mf.simulate_merging` merges atoms that meet, so a
@@ -61,7 +62,7 @@ def finish(fig, name):
 # %%
 beta, t1 = 10.0, 6.0
 N = 256 if SMOKE_TEST else 2048
-n = 200 if SMOKE_TEST else 20_000
+n = 200 if SMOKE_TEST else 5000
 ts = np.linspace(0, t1, 13)
 theta = density.cell_centres(N)
 rho0 = np.exp(2 * np.cos(theta) + 0.5 * np.cos(3 * theta - 1))
