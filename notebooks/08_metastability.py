@@ -77,7 +77,7 @@ print(
     f"density: {sol.status}, {sol.num_steps} steps, mass error "
     f"{np.abs(sol.mass - 1).max():.1e}; particles: {particles.status}"
 )
-print("W1(density, particles):", np.array2string(np.array(w1), precision=2))
+print("W1(density, particles):", " ".join(f"{v:.1e}" for v in w1))
 fig = mf.plotting.plot_density(sol, particles=particles)
 finish(fig, "08_density_particles")
 

@@ -65,7 +65,7 @@ def plot_energy(
     ax.plot(ts[keep], np.exp(log_e[keep]), label=label, color="C0")
     ax.set_xscale("log")
     ax.set_xlabel("t")
-    ax.set_ylabel("2β e^{-β} E" if beta is not None else "E")
+    ax.set_ylabel(r"$2\beta\, e^{-\beta} E$" if beta is not None else "E")
     ax.grid(True, which="both", alpha=0.3)
     if counts is not None:
         counts = np.asarray(counts, float)
