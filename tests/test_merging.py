@@ -252,6 +252,7 @@ def test_the_energy_staircase_on_the_circle():
     np.testing.assert_allclose(run.log_energy[-1], beta - np.log(2 * beta), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_simulate_merging_runs_in_float64_from_float32_tokens():
     """float32 time cannot resolve a merge at t ~ 1e6 (ulp 0.06): float64 inside."""
     beta = 9.0

@@ -372,6 +372,9 @@ def _run(
         if not np.all(np.isfinite(x_end)):
             status = FAILED
             break
+        # A save time that coincides with the event may be left out by diffrax.
+        for i in np.flatnonzero((ts > t) & (ts <= t_end) & (out.counts == 0)):
+            out.save(i, Particles(x_end, current.weights))
         if result == dfx.RESULTS.successful:
             break
         gap = (
