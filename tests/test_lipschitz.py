@@ -272,6 +272,8 @@ def _bert_sized_layer(dtype, d=384, heads=12, k=32):
     return mf.MultiHeadAttention([h for h, _ in made], out=[W for _, W in made])
 
 
+# 29 s on 2 cores (BERT size, n d = 49152): in the second tier.
+@pytest.mark.slow
 def test_float32_multihead_at_bert_size_is_right_or_not_converged():
     # Regression: at n d = 49152 in float32 the Lanczos breakdown threshold
     # (100 n d eps = 0.59 of the top eigenvalue) cut every Krylov space short and
