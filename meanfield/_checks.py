@@ -18,6 +18,21 @@ def is_traced(*arrays) -> bool:
     return any(isinstance(a, jax.core.Tracer) for a in arrays)
 
 
+def host_array(x) -> np.ndarray:
+    """The array x in NumPy, for checks on the host.
+
+    An array sharded over several processes (`jax.distributed`) cannot be read
+    by one process alone: it is gathered from all of them, so every process
+    sees the same values and takes the same decision (every process reaches
+    the same checks in the same order, so the collective matches up).
+    """
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
 def check_values(arrays: tuple, bad, message: str) -> tuple:
     """Raise if `bad` (a scalar bool computed from `arrays`) holds.
 

@@ -16,7 +16,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from . import _normalization, _status
 from ._attention.base import AbstractAttention
-from ._checks import check_finite_times, check_tolerances, is_traced
+from ._checks import check_finite_times, check_tolerances, host_array, is_traced
 from ._clock import (
     checked_on_host,
     clock_length,
@@ -155,7 +155,7 @@ def _check_common(measure, attn, normalization):
             f"`normalization` must be one of {NORMALIZATIONS}; got {normalization!r}."
         )
     if _normalization.needs_directions(normalization) and not is_traced(measure.x):
-        zero = ~np.any(np.asarray(measure.x) != 0, axis=-1)
+        zero = ~np.any(host_array(measure.x) != 0, axis=-1)
         if zero.any():
             rows = np.flatnonzero(zero).tolist()
             raise ValueError(
@@ -176,7 +176,7 @@ def _check_start_inside(x, blowup_radius) -> None:
     # it would run as if nothing happened.
     if is_traced(x):
         return
-    start = float(np.max(host_row_norms(np.asarray(x))))
+    start = float(np.max(host_row_norms(host_array(x))))
     if not start < blowup_radius:
         raise ValueError(
             f"`blowup_radius` must exceed the initial radius max_i |x_i| = {start:g}; "
