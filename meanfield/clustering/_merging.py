@@ -40,7 +40,7 @@ from ._energy import energy
 _SPHERE_ULPS = 100
 
 
-def _on_sphere(x: np.ndarray) -> bool:
+def _lives_on_sphere(x: np.ndarray) -> bool:
     norms = np.linalg.norm(x, axis=-1)
     return bool(np.all(np.abs(norms - 1) <= _SPHERE_ULPS * np.finfo(x.dtype).eps))
 
@@ -82,7 +82,7 @@ def merge(
     x = np.asarray(measure.x)
     found = detect(x, tol, weights=np.asarray(measure.weights, np.float64))
     centres, masses = found.centres, found.masses
-    if _on_sphere(x) if sphere is None else sphere:
+    if _lives_on_sphere(x) if sphere is None else sphere:
         centres = centres / np.linalg.norm(centres, axis=-1, keepdims=True)
     # Exact simplex weights in the measure's dtype (sums of weights may round).
     masses = masses / masses.sum()
@@ -98,12 +98,13 @@ class MergingSolution:
         x: atom positions, shape (T, n, d); rows past `counts[i]` are NaN.
         weights: atom weights, shape (T, n); 0 past `counts[i]`.
         counts: number of atoms after merging at each save time, shape (T,).
-        energy: the interaction energy (`clustering.energy`, with `beta`) at each
-            save time, shape (T,); None when beta is unknown.
-        log_energy: log of `energy`, shape (T,) (finite for any beta); or None.
+        log_energy: log of the interaction energy (`clustering.energy`, with
+            `beta`) at each save time, shape (T,), finite for any beta; None
+            when beta is unknown. `energy` is its exponential.
         beta: the inverse temperature of the energy, or None.
-        status: "success", or why the run stopped early ("blowup",
-            "max_steps", ...); save times after the stop hold NaN.
+        status: "success", "max_steps" (a solve between two merges ran out of
+            steps) or "failed" (a non-finite state, e.g. a blow-up in R^d, or a
+            step below the floor); save times after the stop hold NaN.
         num_steps: solver steps over all segments.
     """
 
@@ -111,11 +112,15 @@ class MergingSolution:
     x: np.ndarray
     weights: np.ndarray
     counts: np.ndarray
-    energy: np.ndarray | None
     log_energy: np.ndarray | None
     beta: float | None
     status: str
     num_steps: int
+
+    @property
+    def energy(self) -> np.ndarray | None:
+        """The interaction energy at each save time, shape (T,) (inf past ~e^700)."""
+        return None if self.log_energy is None else np.exp(self.log_energy)
 
     def measure(self, i: int) -> Particles:
         """The merged measure at `ts[i]` (`counts[i]` atoms)."""
@@ -173,7 +178,19 @@ def _min_distance(x: Float[Array, "n d"], real: Bool[Array, " n"]) -> Array:
 
 @eqx.filter_jit
 def _segment(
-    measure, attn, t0, t1, ts, tol, rtol, atol, *, solver, max_steps, normalization
+    measure,
+    attn,
+    t0,
+    t1,
+    ts,
+    tol,
+    rtol,
+    atol,
+    *,
+    solver,
+    max_steps,
+    normalization,
+    alpha,
 ):
     """Solve from t0 towards t1 until two real atoms come within `tol`.
 
@@ -190,7 +207,7 @@ def _segment(
     cond_dtype = jnp.result_type(float)  # diffrax compares with a Python 0.0
 
     def field(t, x, args):
-        vel, _ = _normalization.velocity(attn, measure, x, t, normalization, 0.0)
+        vel, _ = _normalization.velocity(attn, measure, x, t, normalization, alpha)
         return vel
 
     def apart(t, y, args, **kwargs):  # diffrax passes t, y, args by keyword
@@ -238,9 +255,10 @@ def simulate_merging(
     beta: float | None = None,
     t0: float = 0.0,
     solver: str = "tsit5",
-    rtol: float | None = None,
-    atol: float | None = None,
+    rtol: float = 1e-8,
+    atol: float = 1e-8,
     max_steps: int = 100_000,
+    ngpt_alpha: float = 0.2,
     progress: bool = False,
 ) -> MergingSolution:
     """Simulate, merging two atoms into one whenever they come within `merge_tol`.
@@ -268,9 +286,10 @@ def simulate_merging(
             that is a constant beta I (else no energy is computed).
         t0: initial time; must equal saveat[0].
         solver: an adaptive solver name of `mf.SOLVERS` or a diffrax solver.
-        rtol: relative tolerance of the adaptive steps (None: 1e-8).
-        atol: absolute tolerance of the adaptive steps (None: 1e-8).
+        rtol: relative tolerance of the adaptive steps.
+        atol: absolute tolerance of the adaptive steps.
         max_steps: step budget of each solve between two merges.
+        ngpt_alpha: the step scale alpha of normalization="ngpt".
         progress: show a progress bar over the merges (tqdm).
 
     Returns:
@@ -284,8 +303,6 @@ def simulate_merging(
     if isinstance(mu, MaskedParticles) or not isinstance(mu, AbstractParticles):
         raise ValueError(f"`mu` must be unmasked Particles; got {type(mu).__name__}.")
     merge_tol = check_positive(merge_tol, "merge_tol")
-    rtol = 1e-8 if rtol is None else rtol
-    atol = 1e-8 if atol is None else atol
     check_tolerances(rtol, atol)
     solver, adaptive = _dynamics._solver(solver)
     if not adaptive:
@@ -301,56 +318,32 @@ def simulate_merging(
         beta = _beta_of(attn)
     elif not (np.isfinite(float(beta)) and float(beta) > 0):
         raise ValueError(f"`beta` must be positive and finite; got {beta}.")
-    sphere = normalization in ON_SPHERE
     _dynamics._check_common(mu, attn, normalization)
 
     # Long runs need float64 time: at t = 1e6 a float32 ulp is 0.06, coarser
     # than a merge, which takes a time of order 1.
+    # The options of every `_segment` solve (static) and its tolerances.
+    solve = {
+        "solver": solver,
+        "max_steps": int(max_steps),
+        "normalization": normalization,
+        "alpha": float(ngpt_alpha),
+    }
     with jax.enable_x64(True):
         mu = Particles(np.asarray(mu.x, np.float64), np.asarray(mu.weights, np.float64))
-        return _run(
-            mu,
-            attn,
-            ts,
-            merge_tol,
-            rtol,
-            atol,
-            beta,
-            sphere,
-            solver,
-            int(max_steps),
-            normalization,
-            progress,
-        )
+        return _run(mu, attn, ts, merge_tol, (rtol, atol), beta, solve, progress)
 
 
-def _run(
-    mu,
-    attn,
-    ts,
-    merge_tol,
-    rtol,
-    atol,
-    beta,
-    sphere,
-    solver,
-    max_steps,
-    normalization,
-    progress,
-) -> MergingSolution:
+def _run(mu, attn, ts, merge_tol, tolerances, beta, solve, progress) -> MergingSolution:
     """The event loop of `simulate_merging` (arguments checked there)."""
     t0, t1 = float(ts[0]), float(ts[-1])
     n, d = mu.n, mu.dim
     dtype = np.asarray(mu.x).dtype
     out = _Record(ts, n, d, dtype, beta)
+    t, status, steps = float(t0), SUCCESS, 0
+    sphere = solve["normalization"] in ON_SPHERE
     current, _ = merge(mu, merge_tol, sphere=sphere)
     out.save(0, current)
-    t, status, steps = float(t0), SUCCESS, 0
-    args = {
-        "solver": solver,
-        "max_steps": int(max_steps),
-        "normalization": normalization,
-    }
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -361,8 +354,8 @@ def _run(
         saved_t, saved_x, t_end, x_end, result, num = _segment(
             _padded(current),
             attn,
-            *(np.asarray(v, dtype) for v in (t, t1, ts, merge_tol, rtol, atol)),
-            **args,
+            *(np.asarray(v, dtype) for v in (t, t1, ts, merge_tol, *tolerances)),
+            **solve,
         )
         steps += int(num)
         saved_t, t_end = np.asarray(saved_t), float(t_end)
@@ -428,7 +421,6 @@ class _Record:
             x=self.x,
             weights=self.weights,
             counts=self.counts,
-            energy=np.exp(self.log_energy) if known else None,
             log_energy=self.log_energy if known else None,
             beta=float(self.beta) if known else None,
             status=status,

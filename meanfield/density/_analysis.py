@@ -12,11 +12,25 @@ TWO_PI = 2 * np.pi
 
 
 def _cdf_of_cells(rho: np.ndarray):
-    """(faces (N+1,), CDF at the faces (N+1,)) of cell values rho (N,)."""
-    N = rho.shape[0]
+    """(faces (N+1,), CDF at the faces (..., N+1)) of cell values rho (..., N).
+
+    The CDF is exact between the faces too: linear across each cell.
+    """
+    N = rho.shape[-1]
     faces = np.arange(N + 1) * (TWO_PI / N)
-    cdf = np.concatenate([[0.0], np.cumsum(rho) * (TWO_PI / N)])
-    return faces, cdf / cdf[-1]
+    zero = np.zeros(rho.shape[:-1] + (1,))
+    cdf = np.concatenate([zero, np.cumsum(rho, -1) * (TWO_PI / N)], -1)
+    return faces, cdf / cdf[..., -1:]
+
+
+def arc_averages(rho, edges) -> np.ndarray:
+    """The density rho (..., N) averaged over the arcs between `edges` (M+1,).
+
+    Exact (the CDF is linear across cells) and mass-preserving: (..., M).
+    """
+    faces, cdf = _cdf_of_cells(np.asarray(rho, np.float64))
+    mass = np.apply_along_axis(lambda row: np.interp(edges, faces, row), -1, cdf)
+    return np.diff(mass, axis=-1) / np.diff(edges)
 
 
 def _check_rho(rho) -> np.ndarray:

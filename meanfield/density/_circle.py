@@ -26,6 +26,7 @@ from jaxtyping import ArrayLike, Float
 from scipy.special import ive
 
 from .._checks import check_tolerances
+from .._clock import diffeqsolve_in_jit
 
 ATTENTIONS = ("softmax", "unnormalized")
 # Status "negative" below this many atol (measured: -18 atol at N = 512).
@@ -161,7 +162,7 @@ def _solve(rho0, t1, ts, cos_hat, sin_hat, rtol, atol, *, softmax, max_steps, pr
     meter = (
         dfx.TqdmProgressMeter(refresh_steps=20) if progress else dfx.NoProgressMeter()
     )
-    sol = dfx.diffeqsolve(
+    sol = diffeqsolve_in_jit(  # inside this jit: no second jit wrapper
         dfx.ODETerm(field),
         dfx.Tsit5(),
         jnp.zeros((), rho0.dtype),

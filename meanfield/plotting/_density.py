@@ -6,19 +6,7 @@ from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
 
 from ..density._analysis import angles as angles_of
-
-
-def _binned(rho: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Cell values (T, N) averaged over the arcs between `edges`, (T, len - 1).
-
-    Exact: the density's CDF is piecewise linear across its cells.
-    """
-    N = rho.shape[-1]
-    faces = np.arange(N + 1) * (2 * np.pi / N)
-    cdf = np.concatenate([np.zeros((rho.shape[0], 1)), np.cumsum(rho, -1)], -1)
-    cdf = cdf * (2 * np.pi / N)
-    mass = np.stack([np.interp(edges, faces, row) for row in cdf])
-    return np.diff(mass, axis=-1) / np.diff(edges)
+from ..density._analysis import arc_averages
 
 
 def plot_density(
@@ -71,7 +59,7 @@ def plot_density(
     ts, rho = solution.ts[reached], solution.rho[reached]
     shown = min(int(columns), rho.shape[1])
     edges = np.linspace(0, 2 * np.pi, shown + 1)
-    shown_rho = _binned(rho, edges)
+    shown_rho = arc_averages(rho, edges)
     heat = axes[0].pcolormesh(
         0.5 * (edges[1:] + edges[:-1]),
         ts,
@@ -99,7 +87,7 @@ def plot_density(
         angles = angles_of(x)
         # The density in the histogram's bins: the particles' resolution.
         edges = np.linspace(0, 2 * np.pi, bins + 1)
-        binned = _binned(rho[-1:], edges)[0]
+        binned = arc_averages(rho[-1], edges)
         ax.hist(
             angles,
             bins=edges,
