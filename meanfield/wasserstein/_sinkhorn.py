@@ -25,6 +25,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from .._kernels import blocked as _blocked
 from .._kernels.dense import log_weights
+from .._optional import require
 
 # Above this many cost entries (n * m) the dense path would hold > 128 MiB in float64.
 DENSE_MAX_ENTRIES = 4096 * 4096
@@ -68,17 +69,23 @@ def anneal_steps(start: float, epsilon: float) -> int:
 def _import_ott():
     # jaxopt (an ott-jax dependency) warns on import that it is unmaintained; ott-jax
     # uses only its implicit-differentiation helpers, which still work.
+    purpose = "The entropic W_p at n * m <= 4096^2 (ott-jax's dense Sinkhorn)"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        from ott.geometry import epsilon_scheduler, geometry
-        from ott.problems.linear import linear_problem
-        from ott.solvers.linear import sinkhorn
-    return epsilon_scheduler, geometry, linear_problem, sinkhorn
+        modules = [
+            require(f"ott.{name}", purpose)
+            for name in (
+                "geometry.geometry",
+                "problems.linear.linear_problem",
+                "solvers.linear.sinkhorn",
+            )
+        ]
+    return tuple(modules)
 
 
 @functools.partial(jax.jit, static_argnames=("p", "max_iter"))
 def _dense_ott(x, a, y, b, *, p, epsilon, tol, max_iter):
-    _, geometry, linear_problem, sinkhorn = _import_ott()
+    geometry, linear_problem, sinkhorn = _import_ott()
     # A fixed eps: with ott's own `Epsilon(init, decay)` schedule and
     # `min_iterations`, ott 0.6.0 reported `converged` after 30 iterations at a
     # value 2e-3 (relative) away from the converged one (n = 300, d = 2).
