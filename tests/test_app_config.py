@@ -67,7 +67,7 @@ def test_bench_options_command_line_over_toml_over_quick_defaults(tmp_path):
     assert args.ds == [2, 16] and args.solve_steps == 3  # then --quick's defaults
     assert args.block_size == 512
     full = bench_config.parse([], "test")
-    assert full.ns[-1] == 2**20 and full.impls == list(bench_config.IMPLS)
+    assert full.ns[-1] == 2**20 and full.impls == list(bench_config.DEFAULT_IMPLS)
     toml.write_text('impls = ["torch"]\n')
     with pytest.raises(ValueError, match="`impls` must be a non-empty list of names"):
         bench_config.parse(["--config", str(toml)], "test")

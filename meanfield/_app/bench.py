@@ -14,6 +14,13 @@ Implementations (`IMPLS`):
 - "jax_sdpa": `jax.nn.dot_product_attention`, one head, float32, XLA path (its
   cuDNN path accepts only half precision, so it does not apply to float32).
 - "keops": pykeops' `sumsoftmaxweight` reduction, when pykeops imports.
+- "jax_cudnn_bf16", "jax_cudnn_fp16": `jax.nn.dot_product_attention`'s cuDNN
+  path (GPU only; half-precision inputs, head size padded to a multiple of 8).
+- "torch_sdpa", "torch_sdpa_bf16": PyTorch's `scaled_dot_product_attention` on
+  JAX's device (float32 and bfloat16), when torch imports; on a GPU only its
+  fused kernels may run.
+
+Half-precision cases are measured against the floor at their matmul precision.
 """
 
 import gc
@@ -32,13 +39,15 @@ from .bench_cases import (
     reference_rows,
     sdpa_velocity,
 )
-from .bench_config import GIB, IMPLS, SOLVE_IMPLS
+from .bench_config import GIB, HALF_IMPLS, IMPLS, SOLVE_IMPLS
 from .bench_machine import (
     blas_limits,
+    cudnn_status,
     environment,
     floor_seconds,
     keops_status,
     measure_floor,
+    torch_status,
 )
 
 __all__ = [
@@ -61,7 +70,8 @@ __all__ = [
 def _fractions(records: list[dict], floor: Mapping[str, float]) -> None:
     for rec in records:
         if rec.get("seconds") is not None:
-            rec["floor_seconds"] = floor_seconds(rec["n"], rec["d"], floor)
+            dtype = HALF_IMPLS.get(rec["impl"], "float32")
+            rec["floor_seconds"] = floor_seconds(rec["n"], rec["d"], floor, dtype)
             rec["fraction_of_floor"] = rec["floor_seconds"] / rec["seconds"]
 
 
@@ -99,6 +109,7 @@ def run(
     progress: bool = True,
     on_record: Callable[[dict], None] | None = None,
     seed: int = 0,
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Time one softmax velocity evaluation per (impl, n, d), and a short solve.
 
@@ -129,6 +140,8 @@ def run(
         progress: print one line per case to stderr.
         on_record: called with the result so far after each case (e.g. to save).
         seed: seed of the random problems (combined with n and d, `problem`).
+        deadline: a `time.perf_counter()` value after which no case starts (they
+            are recorded as skipped, with the reason), or None.
 
     Returns:
         {"environment", "floor" (start, end and the better of the two, used for
@@ -150,9 +163,11 @@ def run(
     max_n, only_ds = dict(max_n or {}), dict(only_ds or {})
     start = time.perf_counter()
     available = {impl: (True, "") for impl in impls}
-    if "keops" in impls:
-        ok, info = keops_status()
-        available["keops"] = (ok, info)
+    status = {"keops": keops_status, "jax_cudnn": cudnn_status, "torch": torch_status}
+    for impl in impls:
+        check = next((f for k, f in status.items() if impl.startswith(k)), None)
+        if check is not None:
+            available[impl] = check()
     given_floor = floor is not None
     floor_start = dict(floor) if given_floor else measure_floor()
     limits, blas = blas_limits()
@@ -161,6 +176,7 @@ def run(
         floor=dict(start=floor_start, end=None, used=floor_start),
         blas=blas,
         keops=available.get("keops", (False, "not requested"))[1],
+        peers={impl: info for impl, (_, info) in available.items() if info},
         config=dict(
             ns=list(ns),
             ds=list(ds),
@@ -186,8 +202,15 @@ def run(
         for d in ds:
             for n in sorted(ns):
                 for impl in impls:
-                    rec: dict[str, Any] = dict(impl=impl, n=int(n), d=int(d))
+                    rec: dict[str, Any] = dict(
+                        impl=impl,
+                        n=int(n),
+                        d=int(d),
+                        dtype=HALF_IMPLS.get(impl, "float32"),
+                    )
                     try:
+                        if deadline is not None and time.perf_counter() > deadline:
+                            raise Skip("the run's time budget is spent")
                         rec.update(
                             guarded_case(
                                 impl,

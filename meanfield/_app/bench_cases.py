@@ -5,6 +5,7 @@ in NumPy), the implementations (`IMPLS`, see `bench_config`), their compilation
 with XLA's memory analysis, the timing loop and the optional fixed-step solve.
 """
 
+import functools
 import math
 import os
 import time
@@ -15,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .bench_config import GIB, SOLVE_IMPLS
+from .bench_config import GIB, HALF_IMPLS, SOLVE_IMPLS
 
 _DTYPE = np.float32
 # Rows of the float64 correctness check (evenly spaced over the n particles).
@@ -124,23 +125,95 @@ def _library_velocity(blocking: str, block_size: int):
     return velocity
 
 
-def sdpa_velocity(x, A, V):
+def _pad_head(a, multiple: int):
+    """Zero columns up to a multiple of `multiple` (fused kernels' head sizes).
+
+    Zero query/key columns add nothing to the logits; zero value columns give
+    zero output columns, cut off afterwards.
+    """
+    pad = -a.shape[-1] % multiple
+    return a if pad == 0 else jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)])
+
+
+def sdpa_velocity(x, A, V, *, implementation: str = "xla", dtype=None):
     """The same velocity through `jax.nn.dot_product_attention` (one head).
 
     Args:
         x: particles, shape (n, d).
         A: interaction matrix, shape (d, d).
         V: value matrix, shape (d, d).
+        implementation: "xla", or "cudnn" (GPU, half precision only).
+        dtype: the attention's input precision (None: that of x). cuDNN takes
+            bfloat16 or float16, and head sizes that are multiples of 8: q, k, v
+            are zero-padded to one.
 
     Returns:
-        Velocities, shape (n, d).
+        Velocities, shape (n, d), float32.
     """
+    d = x.shape[1]
+    q, k, v = x @ A.T, x, x @ V.T
+    if implementation == "cudnn":
+        q, k, v = (_pad_head(a, 8) for a in (q, k, v))
+    if dtype is not None:
+        q, k, v = (a.astype(dtype) for a in (q, k, v))
     # (batch, length, heads, head_dim) = (1, n, 1, d); scale 1: logits <A x_i, x_j>.
-    q = (x @ A.T)[None, :, None, :]
-    k = x[None, :, None, :]
-    v = (x @ V.T)[None, :, None, :]
-    out = jax.nn.dot_product_attention(q, k, v, scale=1.0, implementation="xla")
-    return out[0, :, 0, :]
+    q, k, v = (a[None, :, None, :] for a in (q, k, v))
+    out = jax.nn.dot_product_attention(
+        q, k, v, scale=1.0, implementation=implementation
+    )
+    return out[0, :, 0, :d].astype(jnp.float32)
+
+
+def _torch_prepare(x, A, V, *, dtype: str, max_bytes: float):
+    """PyTorch's `scaled_dot_product_attention` on JAX's device, ready to time.
+
+    On a CUDA GPU only the fused kernels (flash, memory-efficient, cuDNN) may run:
+    its math fallback would hold n x n logits, and a case it cannot fuse is an
+    error, not a silent O(n^2) run. Head sizes are zero-padded to a multiple of 8.
+    """
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    n, d = x.shape
+    on_gpu = jax.devices()[0].platform != "cpu"
+    device = "cuda" if on_gpu else "cpu"
+    if not on_gpu and 2 * n * n * 4 > max_bytes:  # the CPU may fall back to math
+        raise Skip(f"torch on CPU may hold two n x n arrays: > max_bytes {max_bytes}")
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    q, k, v = (
+        torch.from_numpy(np.asarray(_pad_head(a, 8)))
+        .to(device=device, dtype=tdtype)
+        .reshape(1, 1, n, -1)  # (batch, heads, length, head_dim)
+        for a in (x @ A.T, x, x @ V.T)
+    )
+    fused = [
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+    ]
+
+    def call():
+        if on_gpu:
+            with sdpa_kernel(fused):
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, scale=1.0
+                )
+            torch.cuda.synchronize()
+        else:
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
+        return out
+
+    def to_numpy(out):
+        return out[0, 0, :, :d].float().cpu().numpy()
+
+    peak, method = None, None
+    if on_gpu:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        call()
+        peak = int(torch.cuda.max_memory_allocated())
+        method = "torch.cuda.max_memory_allocated over one call (inputs included)"
+    return _Prepared(call, None, peak, method, to_numpy)
 
 
 def _xla_peak_bytes(compiled) -> int | None:
@@ -162,11 +235,14 @@ def _xla_peak_bytes(compiled) -> int | None:
 class _Prepared:
     """A ready-to-time evaluation: call() -> output, plus what preparing it cost."""
 
-    def __init__(self, call, compile_seconds=None, peak_bytes=None, method=None):
+    def __init__(
+        self, call, compile_seconds=None, peak_bytes=None, method=None, to_numpy=None
+    ):
         self.call = call
         self.compile_seconds = compile_seconds
         self.peak_bytes = peak_bytes
         self.peak_bytes_method = method
+        self.to_numpy = np.asarray if to_numpy is None else to_numpy
 
 
 def _compile(fn, args, max_bytes: float, what: str) -> _Prepared:
@@ -208,9 +284,17 @@ def _prepare(impl: str, x, A, V, *, block_size: int, max_bytes: float) -> _Prepa
 
         # KeOps keeps no n x n buffer: inputs and output only.
         return _Prepared(call, None, 5 * n * d * x.itemsize, "analytic: inputs + out")
+    if impl.startswith("torch_sdpa"):
+        dtype = HALF_IMPLS.get(impl, "float32")
+        return _torch_prepare(x, A, V, dtype=dtype, max_bytes=max_bytes)
     args = tuple(jnp.asarray(a) for a in (x, A, V))
     if impl == "jax_sdpa":
         return _compile(sdpa_velocity, args, max_bytes, impl)
+    if impl.startswith("jax_cudnn"):
+        sdpa = functools.partial(
+            sdpa_velocity, implementation="cudnn", dtype=HALF_IMPLS[impl]
+        )
+        return _compile(sdpa, args, max_bytes, impl)
     blocking = {"jax_dense": "dense", "jax_blocked": "blocked"}[impl]
     return _compile(_library_velocity(blocking, block_size), args, max_bytes, impl)
 
@@ -293,7 +377,7 @@ def _case(
         prep.peak_bytes = _numpy_peak(x, A, V)
         prep.peak_bytes_method = "tracemalloc peak of one evaluation"
     timing = _time(prep.call, repeats, budget)
-    out = np.asarray(timing.pop("out"))
+    out = prep.to_numpy(timing.pop("out"))
     if impl == "keops":
         # The first call generates and compiles the formula; with the formula
         # already in KeOps' disk cache this is ~0 (timing noise, either sign).

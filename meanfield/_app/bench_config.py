@@ -23,8 +23,28 @@ from .config import (
     with_defaults,
 )
 
-#: The implementations timed (see `meanfield._app.bench`).
-IMPLS = ("numpy", "jax_dense", "jax_blocked", "jax_sdpa", "keops")
+#: The implementations timed (see `meanfield._app.bench`). The last four are the
+#: accelerator peers: cuDNN's fused attention through JAX (GPU only) and PyTorch's
+#: `scaled_dot_product_attention` (when torch imports).
+IMPLS = (
+    "numpy",
+    "jax_dense",
+    "jax_blocked",
+    "jax_sdpa",
+    "keops",
+    "jax_cudnn_bf16",
+    "jax_cudnn_fp16",
+    "torch_sdpa",
+    "torch_sdpa_bf16",
+)
+#: Run when none are named: the ones that apply on a CPU.
+DEFAULT_IMPLS = IMPLS[:5]
+#: Input precision of each implementation (float32 unless named here).
+HALF_IMPLS = {
+    "jax_cudnn_bf16": "bfloat16",
+    "jax_cudnn_fp16": "float16",
+    "torch_sdpa_bf16": "bfloat16",
+}
 #: Implementations that also time a fixed-step solve through `mf.simulate`.
 SOLVE_IMPLS = ("jax_dense", "jax_blocked")
 GIB = 2**30
@@ -33,7 +53,7 @@ GIB = 2**30
 SCHEMA: dict = {
     "ns": Key(int_list(1, increasing=False), [2**k for k in range(10, 21)]),
     "ds": Key(int_list(1, increasing=False), [2, 16, 64, 128]),
-    "impls": Key(names(IMPLS), list(IMPLS)),
+    "impls": Key(names(IMPLS), list(DEFAULT_IMPLS)),
     "repeats": Key(integer(1), 3),
     "max_seconds": Key(number(positive=True), 60.0),
     "max_gib": Key(number(positive=True), 3.0),

@@ -59,11 +59,18 @@ def measure_floor(*, repeats: int = 5) -> dict[str, Any]:
     fused = rows_n * cols_n / _best_seconds(lambda: _exp_rowsum(rows, cols), repeats)
     a = jnp.asarray(rng.standard_normal((m, m)).astype(np.float32))
     flops = 2 * m**3 / _best_seconds(lambda: _matmul(a, a), repeats)
+    half = {}
+    if not on_cpu:  # the half-precision peers' floor (they run on accelerators only)
+        for dtype in ("bfloat16", "float16"):
+            h = a.astype(dtype)
+            rate = 2 * m**3 / _best_seconds(lambda h=h: _matmul(h, h), repeats)
+            half[f"matmul_{dtype}_flops_per_second"] = rate
     return {
         "exp_per_second": max(elementwise, fused),
         "exp_elementwise_per_second": elementwise,
         "exp_fused_per_second": fused,
         "matmul_flops_per_second": flops,
+        **half,
         "sizes": {"exp": size, "exp_fused": [rows_n, cols_n], "matmul": m},
         "seconds": time.perf_counter() - start,
     }
@@ -84,24 +91,27 @@ def _matmul(a, b):
     return a @ b
 
 
-def floor_seconds(n: int, d: int, floor: Mapping[str, float]) -> float:
+def floor_seconds(
+    n: int, d: int, floor: Mapping[str, float], dtype: str = "float32"
+) -> float:
     """The floor of one evaluation: n^2 exps plus 4 n^2 d flops at measured rates.
 
-    The flops are the two (n, n, d) products, logits and weighted values.
+    The flops are the two (n, n, d) products, logits and weighted values, at the
+    matmul rate of the inputs' precision (float32's where that was not measured).
 
     Args:
         n: number of particles.
         d: dimension.
         floor: rates from `measure_floor` ("exp_per_second",
-            "matmul_flops_per_second").
+            "matmul_flops_per_second", "matmul_<dtype>_flops_per_second").
+        dtype: the inputs' precision, "float32", "bfloat16" or "float16".
 
     Returns:
         Seconds.
     """
-    return (
-        n * n / floor["exp_per_second"]
-        + 4 * n * n * d / floor["matmul_flops_per_second"]
-    )
+    matmul = floor.get(f"matmul_{dtype}_flops_per_second")
+    matmul = floor["matmul_flops_per_second"] if matmul is None else matmul
+    return n * n / floor["exp_per_second"] + 4 * n * n * d / matmul
 
 
 def keops_status() -> tuple[bool, str]:
@@ -117,6 +127,36 @@ def keops_status() -> tuple[bool, str]:
     return True, getattr(pykeops, "__version__", "unknown")
 
 
+def torch_status() -> tuple[bool, str]:
+    """Whether PyTorch can run the peer on JAX's device (a CUDA GPU, or the CPU).
+
+    Returns:
+        (available, "torch <version> on <device>" or the reason it is not).
+    """
+    try:
+        import torch
+    except Exception as err:  # any import failure means "not available"
+        return False, f"torch does not import: {type(err).__name__}: {err}"
+    platform_ = jax.devices()[0].platform
+    if platform_ == "cpu":
+        return True, f"torch {torch.__version__} on cpu"
+    if platform_ in ("gpu", "cuda") and torch.cuda.is_available():
+        return True, f"torch {torch.__version__} on {torch.cuda.get_device_name(0)}"
+    return False, f"torch has no device next to JAX's {platform_}"
+
+
+def cudnn_status() -> tuple[bool, str]:
+    """Whether cuDNN's fused attention applies (`jax.nn.dot_product_attention`).
+
+    Returns:
+        (available, the device or the reason it is not).
+    """
+    device = jax.devices()[0]
+    if device.platform in ("gpu", "cuda"):
+        return True, device.device_kind
+    return False, f"cuDNN attention needs an NVIDIA GPU; JAX runs on {device.platform}"
+
+
 def environment() -> dict[str, Any]:
     """Device, versions, CPU model, BLAS thread settings and load average.
 
@@ -124,7 +164,8 @@ def environment() -> dict[str, Any]:
         {"device", "cpu", "versions", "thread_env", "load_average"}.
     """
     versions = {"python": platform.python_version()}
-    for dist in ("meanfield", "jax", "jaxlib", "numpy", "pykeops", "threadpoolctl"):
+    dists = ("meanfield", "jax", "jaxlib", "numpy", "pykeops", "threadpoolctl", "torch")
+    for dist in dists:
         try:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

@@ -28,6 +28,10 @@ COLORS = {
     "jax_blocked": "tab:green",
     "jax_sdpa": "tab:red",
     "keops": "tab:purple",
+    "jax_cudnn_bf16": "tab:brown",
+    "jax_cudnn_fp16": "tab:pink",
+    "torch_sdpa": "tab:olive",
+    "torch_sdpa_bf16": "tab:cyan",
 }
 MARKERS = ["o", "s", "^", "D", "v", "P"]
 

@@ -1,0 +1,503 @@
+"""The accelerator suite: one command for a GPU (or any JAX device).
+
+    python benchmarks/accelerator.py [--tiny] [--out DIR] [--budget SECONDS]
+        [--parts a b c d e] [--no-progress]
+
+Run from the repository root; meanfield need not be installed (this script puts
+the repository on `sys.path`), so it runs on a bare image with JAX, diffrax,
+NumPy, SciPy and matplotlib. Five parts (sizes: full / `--tiny`):
+
+  a. correctness on the device: every attention family, blocked and dense,
+     float32 at the default and the highest matmul precision, against a float64
+     CPU reference (n = 4096, d = 16 / n = 256, d = 4);
+  b. one softmax evaluation over n = 2^10, 2^12, ..., 2^22 and d = 2, 16, 64, 128
+     (/ n = 2^8, 2^10, d = 2, 16): blocked and dense JAX, `jax.nn.dot_product_
+     attention` (XLA float32; cuDNN bf16 and fp16 on a GPU), PyTorch's
+     `scaled_dot_product_attention` (float32 and bf16, when torch imports), next to
+     the device's floor measured in the same run (exp throughput, matmul rate at
+     each precision), and a sweep of the blocked kernel's tile sizes at one n;
+  c. `mf.simulate` on S^2 at n = 2^20 for 10 Euler steps (/ 2^10, 3 steps);
+  d. `mf.gaussian.blowup_times` over 10^6 softmax runs (/ 2000);
+  e. `mf.lipschitz.local` at n = 4096, d = 384, 12 heads (/ 64, 48, 4 heads).
+
+Parts a and c-e run first; the sweep (b) gets the rest of `--budget` (default
+510 s: the suite ends within 9 minutes). Writes accelerator_<device>.json (a
+manifest with the device, driver and versions, then each part, saved after every
+part and every case, atomically) and accelerator_<device>.png into --out (default
+out/accelerator; the committed results are in benchmarks/results, written only
+when named). `--tiny` runs everything on the CPU in under 2 minutes; a test runs it.
+"""
+
+import argparse
+import importlib.metadata
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+# PyTorch shares the GPU with JAX in part b: JAX must not take 75 % of it up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)  # float64 references; timings are float32
+
+PARTS = ("a", "b", "c", "d", "e")
+SIZES = {
+    "full": dict(
+        correctness=dict(n=4096, d=16),
+        scaling=dict(
+            ns=[2**k for k in range(10, 23, 2)],
+            ds=[2, 16, 64, 128],
+            repeats=3,
+            max_seconds_per_case=20.0,
+        ),
+        tiles=dict(
+            n=2**20, d=16, block_q=[512, 2048, 8192, 32768], block_k=[128, 512, 2048]
+        ),
+        sphere=dict(n=2**20, steps=10),
+        gaussian=dict(runs=10**6, chunk_size=2**16, slots=[2**12, 2**16]),
+        lipschitz=dict(n=4096, d=384, heads=12),
+    ),
+    "tiny": dict(
+        correctness=dict(n=256, d=4),
+        scaling=dict(ns=[2**8, 2**10], ds=[2, 16], repeats=1, max_seconds_per_case=5.0),
+        tiles=dict(n=2**10, d=16, block_q=[256, 1024], block_k=[128, 512]),
+        sphere=dict(n=2**10, steps=3),
+        gaussian=dict(runs=2048, chunk_size=1024, slots=[256]),
+        lipschitz=dict(n=64, d=48, heads=4),
+    ),
+}
+IMPLS = [
+    "jax_blocked",
+    "jax_dense",
+    "jax_sdpa",
+    "jax_cudnn_bf16",
+    "jax_cudnn_fp16",
+    "torch_sdpa",
+    "torch_sdpa_bf16",
+]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def device_info() -> dict:
+    """The device as JAX, nvidia-smi and PyTorch see it, and the versions."""
+    device = jax.devices()[0]
+    info = dict(
+        platform=device.platform,
+        device_kind=device.device_kind,
+        count=jax.device_count(),
+        memory_bytes=(device.memory_stats() or {}).get("bytes_limit")
+        if device.platform != "cpu"
+        else None,
+    )
+    try:  # driver, as the GPU's own tool reports it
+        smi = subprocess.run(
+            [
+                "nvidia-smi",
+                "--query-gpu=name,driver_version,memory.total",
+                "--format=csv,noheader",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        info["nvidia_smi"] = smi.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        info["nvidia_smi"] = None
+    dists = ["jax-cuda13-plugin", "jax-cuda12-plugin", "torch", "diffrax", "equinox"]
+    info["versions"] = {d: _version(d) for d in dists}
+    try:
+        import torch
+
+        info["torch_cuda"] = torch.version.cuda
+        info["torch_cudnn"] = torch.backends.cudnn.version()
+    except Exception:  # torch is a peer, not a dependency
+        pass
+    return info
+
+
+def device_name() -> str:
+    from meanfield._app.bench_report import device_name as name
+
+    return name()
+
+
+def run_part(result: dict, key: str, fn, save) -> None:
+    """Run one part into result["parts"][key]; an exception is recorded, not fatal."""
+    start = time.perf_counter()
+    try:
+        entry = dict(status="ok", **fn())
+    except Exception as err:  # one failing part must not lose the others
+        entry = dict(
+            status="error",
+            reason=f"{type(err).__name__}: {err}"[:2000],
+            traceback=traceback.format_exc()[-4000:],
+        )
+    entry["wall_s"] = time.perf_counter() - start
+    result["parts"][key] = entry
+    save()
+
+
+def tile_sweep(n: int, d: int, block_q: list, block_k: list, budget: float) -> dict:
+    """Seconds of the blocked kernel at one (n, d) per (queries, keys) tile size.
+
+    The library's blocked softmax takes block_q = 4 block_size; this times the
+    kernel itself (`_kernels.blocked.softmax_average`) over other shapes, to tune
+    it on the device.
+    """
+    import jax.numpy as jnp
+
+    from meanfield._app.bench_cases import problem
+    from meanfield._app.bench_machine import floor_seconds, measure_floor
+    from meanfield._kernels import blocked
+
+    x, A, V = (jnp.asarray(a) for a in problem(n, d))
+    floor = measure_floor()
+    rows, deadline = [], time.perf_counter() + budget
+    for bq in block_q:
+        for bk in block_k:
+            if time.perf_counter() > deadline:
+                rows.append(dict(block_q=bq, block_k=bk, status="skipped"))
+                continue
+
+            @jax.jit
+            def velocity(x, A, V, bq=bq, bk=bk):
+                bias = jnp.zeros(x.shape[0], x.dtype)
+                return blocked.softmax_average(
+                    x @ A.T, x, bias, x @ V.T, block_q=bq, block_k=bk
+                )
+
+            try:
+                jax.block_until_ready(velocity(x, A, V))
+                start = time.perf_counter()
+                jax.block_until_ready(velocity(x, A, V))
+                seconds = time.perf_counter() - start
+                rows.append(
+                    dict(
+                        block_q=bq,
+                        block_k=bk,
+                        status="ok",
+                        seconds=seconds,
+                        fraction_of_floor=floor_seconds(n, d, floor) / seconds,
+                    )
+                )
+            except Exception as err:  # e.g. a tile that does not fit
+                rows.append(
+                    dict(block_q=bq, block_k=bk, status="error", reason=str(err)[:300])
+                )
+    return dict(n=n, d=d, floor=floor, rows=rows)
+
+
+def plot(result: dict):
+    """Four panels: rate and fraction of the floor against n, tiles, the summary."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from meanfield._app.bench_machine import floor_seconds
+    from meanfield._app.bench_report import COLORS, MARKERS
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    (ax_rate, ax_frac), (ax_tile, ax_text) = axes
+    b = result["parts"].get("b", {})
+    sweep = b.get("sweep") or {}
+    ok = [r for r in sweep.get("records", []) if r["status"] == "ok"]
+    ds = sorted({r["d"] for r in ok})
+    marker = {d: MARKERS[i % len(MARKERS)] for i, d in enumerate(ds)}
+    for impl in IMPLS:
+        for d in ds:
+            sel = sorted(
+                (r for r in ok if r["impl"] == impl and r["d"] == d),
+                key=lambda r: r["n"],
+            )
+            if sel:
+                ns = [r["n"] for r in sel]
+                style = dict(color=COLORS.get(impl), marker=marker[d], ms=4, lw=1.2)
+                ax_rate.plot(ns, [r["interactions_per_second"] for r in sel], **style)
+                ax_frac.plot(ns, [r["fraction_of_floor"] for r in sel], **style)
+    if ok:
+        lo, hi = min(r["n"] for r in ok), max(r["n"] for r in ok)
+        for d in ds:
+            rate = 1 / floor_seconds(1, d, sweep["floor"]["used"])
+            ax_rate.plot([lo, hi], [rate, rate], "k--", lw=0.8, alpha=0.6)
+    ax_frac.axhline(0.5, color="k", ls=":", lw=0.8)
+    for ax, label in (
+        (ax_rate, "interactions / s (floor dashed, per d)"),
+        (ax_frac, "fraction of the floor (dotted: 1/2)"),
+    ):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("n (tokens)")
+        ax.set_ylabel(label)
+        ax.grid(True, which="major", alpha=0.3)
+    handles = [
+        Line2D([], [], color=COLORS.get(i), lw=2, label=i)
+        for i in IMPLS
+        if any(r["impl"] == i for r in ok)
+    ] + [
+        Line2D([], [], color="0.3", marker=marker[d], ls="none", label=f"d = {d}")
+        for d in ds
+    ]
+    if handles:
+        ax_frac.legend(handles=handles, fontsize=7, loc="best")
+    ax_rate.set_title("one softmax evaluation", fontsize=10)
+    tiles = [r for r in (b.get("tiles") or {}).get("rows", []) if r["status"] == "ok"]
+    if tiles:
+        labels = [f"{r['block_q']}x{r['block_k']}" for r in tiles]
+        ax_tile.barh(labels, [r["fraction_of_floor"] for r in tiles], color="tab:green")
+        t = b["tiles"]
+        ax_tile.set_title(
+            f"blocked kernel, n = {t['n']}, d = {t['d']}: queries x keys per tile",
+            fontsize=10,
+        )
+        ax_tile.set_xlabel("fraction of the floor")
+    else:
+        ax_tile.set_axis_off()
+    ax_text.set_axis_off()
+    ax_text.text(
+        0,
+        1,
+        summary(result),
+        va="top",
+        ha="left",
+        family="monospace",
+        fontsize=7.5,
+        wrap=True,
+    )
+    device = result["manifest"].get("device", {}).get("device_kind", "?")
+    fig.suptitle(f"meanfield accelerator suite on {device}", fontsize=12)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
+    return fig
+
+
+def targets(result: dict) -> list[dict]:
+    """The issue's targets, each with what was measured and whether it was met.
+
+    None where the part did not measure it (not run, or the case was skipped).
+    """
+    b = (result["parts"].get("b") or {}).get("sweep") or {}
+    ok = {
+        (r["impl"], r["n"], r["d"]): r
+        for r in b.get("records", [])
+        if r["status"] == "ok"
+    }
+    at = ok.get(("jax_blocked", 2**20, 16))
+    # Against the exp floor alone (the 4 n^2 d flops left out): n^2 / exp rate.
+    exp_rate = (b.get("floor") or {}).get("used", {}).get("exp_per_second")
+    within = None if at is None else (2**40 / exp_rate) / at["seconds"]
+    vs_torch = {
+        n: ok[("torch_sdpa", n, d)]["seconds"] / r["seconds"]
+        for (impl, n, d), r in ok.items()
+        if impl == "jax_blocked" and n >= 2**14 and ("torch_sdpa", n, d) in ok
+    }
+    fitted = [n for (impl, n, _), _ in ok.items() if impl == "jax_blocked"]
+    tried_large = any(
+        r["impl"] == "jax_blocked" and r["n"] >= 2**22 for r in b.get("records", [])
+    )
+    d = result["parts"].get("d") or {}
+    return [
+        dict(
+            target="blocked softmax, n = 2^20, d = 16, float32: within 2x of the "
+            "exp floor (measured: n^2 / exp rate / seconds)",
+            measured=within,
+            met=None if within is None else within >= 0.5,
+        ),
+        dict(
+            target="blocked faster than torch SDPA (float32) at every n >= 2^14",
+            measured={str(n): ratio for n, ratio in sorted(vs_torch.items())} or None,
+            met=min(vs_torch.values()) > 1 if vs_torch else None,
+        ),
+        dict(
+            target="n = 2^22 fits (blocked, O(n) memory)",
+            measured=max(fitted) if fitted else None,
+            met=max(fitted, default=0) >= 2**22 if tried_large else None,
+        ),
+        dict(
+            target="10^6 Gaussian runs in under 60 s",
+            measured=d.get("seconds") if d.get("runs") == 10**6 else None,
+            met=d["seconds"] < 60 if d.get("runs") == 10**6 else None,
+        ),
+    ]
+
+
+def summary(result: dict) -> str:
+    """The headline numbers, one line per part."""
+    parts, lines = result["parts"], []
+    a = parts.get("a", {})
+    if a.get("status") == "ok":
+        worst = max(
+            (r for r in a["rows"] if r["precision"] == "highest"),
+            key=lambda r: r["rel_error"],
+        )
+        lines.append(
+            f"a correctness n={a['n']}: passed={a['passed']}, worst (highest "
+            f"precision) {worst['family']}/{worst['blocking']} {worst['rel_error']:.1e}"
+        )
+    c = parts.get("c", {})
+    if c.get("status") == "ok":
+        lines.append(
+            f"c simulate S^2 n={c['n']}: {c['seconds_per_step']:.3g} s/step "
+            f"(first call {c['first_call_s']:.1f} s), passed={c['passed']}"
+        )
+    d = parts.get("d", {})
+    if d.get("status") == "ok":
+        lines.append(
+            f"d Gaussian {d['runs']} runs: {d['seconds']:.1f} s "
+            f"({d['runs_per_second']:.3g}/s), passed={d['passed']}"
+        )
+    e = parts.get("e", {})
+    if e.get("status") == "ok":
+        lines.append(
+            f"e Lipschitz n={e['n']} d={e['d']}: {e['value']:.6g} in "
+            f"{e['seconds']:.1f} s, converged={e['converged']}"
+        )
+    for t in result.get("targets", []):
+        lines.append(f"target: {t['target']}: met={t['met']}")
+    for key, entry in parts.items():
+        if entry.get("status") != "ok":
+            lines.append(f"{key}: {entry.get('status')}: {entry.get('reason', '')}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="small sizes, on the CPU")
+    parser.add_argument(
+        "--out",
+        default="out/accelerator",
+        help="output folder (default out/accelerator; the committed results are "
+        "benchmarks/results, written only when named here)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds for the whole suite (default 510; 90 with --tiny)",
+    )
+    parser.add_argument(
+        "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run"
+    )
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        jax.config.update("jax_platforms", "cpu")
+    budget = args.budget or (90.0 if args.tiny else 510.0)
+    sizes = SIZES["tiny" if args.tiny else "full"]
+    start = time.perf_counter()
+
+    from meanfield._app.bench_report import use_agg
+    from meanfield._app.report import Output
+
+    use_agg()
+    import accelerator_parts as parts  # noqa: E402 (beside this script)
+
+    output = Output(args.out, progress=args.progress)
+    name = f"accelerator_{'tiny_' if args.tiny else ''}{device_name()}"
+    config = dict(vars(args), budget=budget, sizes=sizes, impls=IMPLS)
+    result = dict(manifest={}, parts={})
+
+    def save():
+        result["manifest"] = output.describe(config, 0)
+        result["manifest"]["device"].update(device_info_cached)
+        result["wall_s"] = time.perf_counter() - start
+        output.json(f"{name}.json", result)
+
+    def log(message):
+        if args.progress:
+            print(message, file=sys.stderr, flush=True)
+
+    device_info_cached = device_info()
+    with output.locked():
+        if "a" in args.parts:
+            log("a: correctness")
+            run_part(
+                result, "a", lambda: parts.correctness(**sizes["correctness"]), save
+            )
+        if "c" in args.parts:
+            log("c: simulate on the sphere")
+            run_part(result, "c", lambda: parts.sphere_solve(**sizes["sphere"]), save)
+        if "d" in args.parts:
+            log("d: Gaussian runs")
+
+            def gaussian():
+                # The queue's width (slots) that suits the device: one chunk per
+                # candidate (compiled and warm), then every run with the best.
+                g = sizes["gaussian"]
+                tries = [
+                    parts.gaussian_runs(
+                        g["chunk_size"], chunk_size=g["chunk_size"], slots=slots
+                    )
+                    for slots in g["slots"]
+                ]
+                best = min(tries, key=lambda r: r["seconds"])["slots"]
+                full = parts.gaussian_runs(
+                    g["runs"], chunk_size=g["chunk_size"], slots=best
+                )
+                return dict(full, slot_tries=tries)
+
+            run_part(result, "d", gaussian, save)
+        if "e" in args.parts:
+            log("e: Lipschitz")
+            run_part(
+                result, "e", lambda: parts.bert_lipschitz(**sizes["lipschitz"]), save
+            )
+        if "b" in args.parts:
+            log("b: n-scaling")
+
+            def scaling():
+                from meanfield._app import bench, bench_config
+
+                remaining = budget - (time.perf_counter() - start)
+                t = sizes["tiles"]
+                tiles = tile_sweep(
+                    t["n"], t["d"], t["block_q"], t["block_k"], 0.15 * remaining
+                )
+                memory = device_info_cached.get("memory_bytes")
+                max_bytes = 0.4 * memory if memory else 3 * bench_config.GIB
+                s = sizes["scaling"]
+                deadline = start + budget - 15  # leave time for the plot
+
+                def keep(partial):
+                    result["parts"]["b"] = dict(
+                        status="running", sweep=partial, tiles=tiles
+                    )
+                    save()
+
+                # On the CPU (--tiny) the tile sweep's floor serves: measuring it
+                # twice more would take longer than the cases.
+                given = tiles["floor"] if args.tiny else None
+                sweep = bench.run(
+                    s["ns"],
+                    s["ds"],
+                    IMPLS,
+                    solve_steps=0,
+                    repeats=s["repeats"],
+                    max_seconds_per_case=s["max_seconds_per_case"],
+                    max_bytes=max_bytes,
+                    progress=args.progress,
+                    on_record=keep,
+                    deadline=deadline,
+                    floor=given,
+                )
+                return dict(sweep=sweep, tiles=tiles)
+
+            run_part(result, "b", scaling, save)
+        result["targets"] = targets(result)
+        save()
+        output.figure(plot(result), f"{name}.png", dpi=120)
+    print(summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

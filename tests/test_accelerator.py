@@ -1,0 +1,111 @@
+"""The accelerator suite (benchmarks/accelerator.py) at its --tiny sizes, on the CPU.
+
+The full suite needs a GPU; the tiny one runs every part and the whole pipeline
+(parts, peers reported unavailable with their reasons, targets, JSON, figure) in
+about 35 s on 2 cores, so that a lent GPU's only session does not find a bug.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "accelerator.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("accelerator_suite", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _record(impl, n, d, seconds, fraction=0.6):
+    return dict(
+        impl=impl, n=n, d=d, status="ok", seconds=seconds, fraction_of_floor=fraction
+    )
+
+
+def test_targets_read_the_records():
+    suite = _load_script()
+    records = [
+        _record("jax_blocked", 2**20, 16, 1.0),
+        _record("torch_sdpa", 2**20, 16, 2.0),
+        _record("jax_blocked", 2**14, 2, 1.0),
+        _record("torch_sdpa", 2**14, 2, 0.5),
+        _record("jax_blocked", 2**22, 2, 9.0),
+        dict(impl="jax_blocked", n=2**22, d=128, status="skipped", reason="budget"),
+    ]
+    result = dict(
+        parts=dict(
+            # n^2 = 2^40 exps at 2^41 / s: a floor of 0.5 s; the run's 1 s is
+            # exactly 2x of it (met); its fraction_of_floor (with flops) is not used.
+            b=dict(
+                sweep=dict(records=records, floor=dict(used=dict(exp_per_second=2**41)))
+            ),
+            d=dict(runs=10**6, seconds=42.0),
+        )
+    )
+    floor, torch, fits, gauss = suite.targets(result)
+    assert floor["measured"] == 0.5 and floor["met"] is True
+    records[0]["seconds"] = 1.25
+    assert suite.targets(result)[0]["met"] is False
+    assert torch["measured"] == {"16384": 0.5, "1048576": 2.0}
+    assert torch["met"] is False  # slower than torch at n = 2^14
+    assert fits["measured"] == 2**22 and fits["met"] is True
+    assert gauss["met"] is True
+    # Nothing measured: nothing claimed.
+    empty = suite.targets(dict(parts={}))
+    assert [t["met"] for t in empty] == [None] * 4
+
+
+# ~35 s on 2 cores: in the second tier.
+@pytest.mark.slow
+def test_tiny_suite_runs_every_part_on_cpu(tmp_path):
+    out = tmp_path / "acc"
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), "--no-progress"],
+        cwd=tmp_path,  # the script finds the repository itself
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads((out / "accelerator_tiny_cpu.json").read_text())
+    assert (out / "accelerator_tiny_cpu.png").stat().st_size > 10_000
+    parts = result["parts"]
+    assert {k: p["status"] for k, p in parts.items()} == dict.fromkeys("acdeb", "ok")
+    device = result["manifest"]["device"]
+    assert device["platform"] == "cpu" and "versions" in device
+    assert result["manifest"]["versions"]["jax"]
+
+    a = parts["a"]
+    families = {r["family"] for r in a["rows"]}
+    assert {"softmax", "l2", "sinkhorn", "unnormalized", "multihead"} <= families
+    assert a["passed"] and all(r["finite"] for r in a["rows"])
+    blocked = [r for r in a["rows"] if "blocked_vs_dense" in r]
+    assert blocked and max(r["blocked_vs_dense"] for r in blocked) < 1e-5
+
+    assert parts["c"]["passed"] and parts["c"]["steps"] == 3
+    assert parts["d"]["passed"] and parts["d"]["runs"] == 2048
+    assert parts["e"]["converged"] and parts["e"]["value"] > 0
+
+    records = parts["b"]["sweep"]["records"]
+    timed = [r for r in records if r["impl"] == "jax_blocked"]
+    assert len(timed) == 4 and all(r["status"] == "ok" for r in timed)
+    assert max(r["rel_error"] for r in timed) < 1e-5
+    cudnn = [r for r in records if r["impl"].startswith("jax_cudnn")]
+    assert cudnn and all(r["status"] == "unavailable" for r in cudnn)
+    assert all(r["reason"] for r in records if r["status"] != "ok")
+    tiles = parts["b"]["tiles"]["rows"]
+    assert tiles and all(r["status"] == "ok" for r in tiles)
+    # The tiny sizes measure none of the GPU targets: none may claim a verdict.
+    assert [t["met"] for t in result["targets"]] == [None] * 4
