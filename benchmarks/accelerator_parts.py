@@ -3,8 +3,9 @@
 Each part takes its sizes, returns a JSON-ready dict and checks its own answer
 against an independent reference (float64 on the CPU, a closed form, a norm):
 
-- `correctness`: every attention family on the device, blocked and dense, against a
-  float64 CPU reference, at float32's default and highest matmul precision.
+- `correctness`: every attention family on the device, dense, blocked and fused
+  (where the family has them), against a float64 CPU reference, at float32's
+  default and highest matmul precision.
 - `sphere_solve`: fixed Euler steps of `mf.simulate` on S^2 (seconds per step).
 - `gaussian_runs`: `mf.gaussian.blowup_times` over many runs, checked against
   t* = 1 / lambda_max(A + A^T) on V = I runs.
@@ -58,7 +59,7 @@ def _families(params: dict, dtype) -> dict[str, Callable[[str | None], object]]:
     """name -> (blocking or None) -> attention, every registered family + multihead."""
     cast = {k: jnp.asarray(v, dtype) for k, v in params.items()}
 
-    def make(cls):
+    def make(name, cls):
         takes_blocking = "blocking" in inspect.signature(cls).parameters
 
         def build(blocking):
@@ -66,9 +67,10 @@ def _families(params: dict, dtype) -> dict[str, Callable[[str | None], object]]:
             return cls(cast["V"], Q=cast["Q"], K=cast["K"], **kw)
 
         build.blocked = takes_blocking
+        build.fused = takes_blocking and name != "sinkhorn"  # no fused Sinkhorn
         return build
 
-    made = {name: make(cls) for name, cls in FAMILIES.items()}
+    made = {name: make(name, cls) for name, cls in FAMILIES.items()}
 
     def multihead(blocking):
         d = cast["V"].shape[0]
@@ -81,7 +83,7 @@ def _families(params: dict, dtype) -> dict[str, Callable[[str | None], object]]:
         out = [jnp.eye(d, dtype=dtype), 0.5 * jnp.eye(d, dtype=dtype)]
         return mf.MultiHeadAttention(heads, out=out)
 
-    multihead.blocked = True
+    multihead.blocked = multihead.fused = True
     made["multihead"] = multihead
     return made
 
@@ -118,7 +120,11 @@ def correctness(n: int, d: int, *, seed: int = 0) -> dict:
     for name, build in _families(params, jnp.float32).items():
         ref = references[name]
         scale = float(np.max(np.abs(ref)))
-        blockings = ("dense", "blocked") if build.blocked else (None,)
+        blockings = (None,)
+        if build.blocked:  # the fused kernel where the family takes it
+            blockings = (
+                ("dense", "blocked", "fused") if build.fused else ("dense", "blocked")
+            )
         for precision in PRECISIONS:
             outs = {}
             for blocking in blockings:
@@ -144,9 +150,10 @@ def correctness(n: int, d: int, *, seed: int = 0) -> dict:
                         seconds=warm,
                     )
                 )
-            if len(outs) == 2:
-                gap = np.max(np.abs(outs["blocked"] - outs["dense"])) / scale
-                rows[-1]["blocked_vs_dense"] = float(gap)
+            for row in rows[-len(outs) :]:
+                if row["blocking"] in ("blocked", "fused"):
+                    gap = np.max(np.abs(outs[row["blocking"]] - outs["dense"])) / scale
+                    row["vs_dense"] = float(gap)
     passed = all(r["passed"] for r in rows if r["passed"] is not None)
     return dict(n=n, d=d, dtype="float32", rows=rows, passed=passed)
 

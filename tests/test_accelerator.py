@@ -34,31 +34,34 @@ def _record(impl, n, d, seconds, fraction=0.6):
 def test_targets_read_the_records():
     suite = _load_script()
     records = [
-        _record("jax_blocked", 2**20, 16, 1.0),
+        _record("jax_blocked", 2**20, 16, 1.5),
+        _record("jax_fused", 2**20, 16, 1.0),  # the faster path counts
         _record("torch_sdpa", 2**20, 16, 2.0),
         _record("jax_blocked", 2**14, 2, 1.0),
         _record("torch_sdpa", 2**14, 2, 0.5),
+        _record("torch_sdpa", 2**14, 16, 0.1),  # no meanfield record: not compared
         _record("jax_blocked", 2**22, 2, 9.0),
         dict(impl="jax_blocked", n=2**22, d=128, status="skipped", reason="budget"),
     ]
     result = dict(
         parts=dict(
-            # n^2 = 2^40 exps at 2^41 / s: a floor of 0.5 s; the run's 1 s is
-            # exactly 2x of it (met); its fraction_of_floor (with flops) is not used.
+            # n^2 = 2^40 exps at 2^41 / s: a floor of 0.5 s; the fused 1 s is
+            # exactly 2x of it (met); fraction_of_floor (with flops) is not used.
             b=dict(
                 sweep=dict(records=records, floor=dict(used=dict(exp_per_second=2**41)))
             ),
-            d=dict(runs=10**6, seconds=42.0),
+            d=dict(status="ok", runs=10**6, seconds=42.0),
         )
     )
     floor, torch, fits, gauss = suite.targets(result)
-    assert floor["measured"] == 0.5 and floor["met"] is True
-    records[0]["seconds"] = 1.25
-    assert suite.targets(result)[0]["met"] is False
-    assert torch["measured"] == {"16384": 0.5, "1048576": 2.0}
-    assert torch["met"] is False  # slower than torch at n = 2^14
+    assert floor["measured"] == dict(value=0.5, impl="jax_fused")
+    assert floor["met"] is True
+    assert torch["measured"] == {"n=16384,d=2": 0.5, "n=1048576,d=16": 2.0}
+    assert torch["met"] is False  # slower than torch at n = 2^14, d = 2
     assert fits["measured"] == 2**22 and fits["met"] is True
     assert gauss["met"] is True
+    records[1]["seconds"] = 1.25  # now blocked (1.5 s) is not within 2x either
+    assert suite.targets(result)[0]["met"] is False
     # Nothing measured: nothing claimed.
     empty = suite.targets(dict(parts={}))
     assert [t["met"] for t in empty] == [None] * 4
@@ -91,8 +94,10 @@ def test_tiny_suite_runs_every_part_on_cpu(tmp_path):
     families = {r["family"] for r in a["rows"]}
     assert {"softmax", "l2", "sinkhorn", "unnormalized", "multihead"} <= families
     assert a["passed"] and all(r["finite"] for r in a["rows"])
-    blocked = [r for r in a["rows"] if "blocked_vs_dense" in r]
-    assert blocked and max(r["blocked_vs_dense"] for r in blocked) < 1e-5
+    fused = {r["family"] for r in a["rows"] if r["blocking"] == "fused"}
+    assert fused == {"softmax", "l2", "multihead"}
+    others = [r for r in a["rows"] if "vs_dense" in r]
+    assert others and max(r["vs_dense"] for r in others) < 1e-5
 
     assert parts["c"]["passed"] and parts["c"]["steps"] == 3
     assert parts["d"]["passed"] and parts["d"]["runs"] == 2048
@@ -101,11 +106,14 @@ def test_tiny_suite_runs_every_part_on_cpu(tmp_path):
     records = parts["b"]["sweep"]["records"]
     timed = [r for r in records if r["impl"] == "jax_blocked"]
     assert len(timed) == 4 and all(r["status"] == "ok" for r in timed)
+    fused_timed = [r for r in records if r["impl"].startswith("jax_fused")]
+    assert fused_timed and all(r["status"] == "unavailable" for r in fused_timed)
     assert max(r["rel_error"] for r in timed) < 1e-5
     cudnn = [r for r in records if r["impl"].startswith("jax_cudnn")]
     assert cudnn and all(r["status"] == "unavailable" for r in cudnn)
     assert all(r["reason"] for r in records if r["status"] != "ok")
     tiles = parts["b"]["tiles"]["rows"]
-    assert tiles and all(r["status"] == "ok" for r in tiles)
+    assert {r["kernel"] for r in tiles} == {"blocked", "fused"}
+    assert all(r["status"] == "ok" for r in tiles)
     # The tiny sizes measure none of the GPU targets: none may claim a verdict.
     assert [t["met"] for t in result["targets"]] == [None] * 4

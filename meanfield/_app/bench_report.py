@@ -28,6 +28,8 @@ COLORS = {
     "jax_blocked": "tab:green",
     "jax_sdpa": "tab:red",
     "keops": "tab:purple",
+    "jax_fused": "black",
+    "jax_fused_bf16": "tab:gray",
     "jax_cudnn_bf16": "tab:brown",
     "jax_cudnn_fp16": "tab:pink",
     "torch_sdpa": "tab:olive",

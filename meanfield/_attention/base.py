@@ -20,7 +20,7 @@ from .._measures import AbstractMeasure, AbstractParticles, MaskedParticles
 from .._params import as_param, at
 
 #: How the (m, n) query-key interactions are evaluated.
-BLOCKING = ("auto", "dense", "blocked")
+BLOCKING = ("auto", "dense", "blocked", "fused")
 #: "auto" switches to the blocked kernel above this many pairs m n (2048^2): below
 #: it the dense kernel is as fast or faster on CPU, above it the dense one becomes
 #: memory-bound (measurements in benchmarks/README.md).
@@ -30,10 +30,12 @@ AUTO_BLOCKED_PAIRS = 2048 * 2048
 QUERY_BLOCKS = 4
 
 
-def check_blocking(blocking: str, block_size: int) -> tuple[str, int]:
+def check_blocking(
+    blocking: str, block_size: int, options: tuple[str, ...] = BLOCKING
+) -> tuple[str, int]:
     """Validate the `blocking` / `block_size` options of an attention."""
-    if blocking not in BLOCKING:
-        raise ValueError(f"`blocking` must be one of {BLOCKING}; got {blocking!r}.")
+    if blocking not in options:
+        raise ValueError(f"`blocking` must be one of {options}; got {blocking!r}.")
     if int(block_size) != block_size or block_size < 1:
         raise ValueError(f"`block_size` must be an integer >= 1; got {block_size!r}.")
     return blocking, int(block_size)
@@ -43,7 +45,7 @@ def use_blocked(blocking: str, m: int, n: int) -> bool:
     """Whether an (m queries) x (n keys) evaluation runs blocked."""
     if blocking == "auto":
         return m * n > AUTO_BLOCKED_PAIRS
-    return blocking == "blocked"
+    return blocking in ("blocked", "fused")
 
 
 def softmax_average(
@@ -63,6 +65,14 @@ def softmax_average(
     c = `logit_scale` (None: 1) is a power of two that brings logits too large for
     the dtype back from scaled features (`_kernels.softmax_average`).
     """
+    if blocking == "fused":
+        # One Pallas kernel (Triton on a GPU, interpreted elsewhere), imported on
+        # use: `import meanfield` does not load Pallas.
+        from .._kernels import fused
+
+        return fused.softmax_average(
+            q, keys, bias, values, query_pos, key_pos, logit_scale=logit_scale
+        )
     if use_blocked(blocking, q.shape[0], keys.shape[0]):
         return _blocked.softmax_average(
             q,

@@ -28,8 +28,10 @@ class L2Attention(AbstractKernelAttention):
         V: value matrix (d, d), or a function of t.
         Q: query matrix (k, d).
         K: key matrix (k, d).
-        blocking: "auto" (blocked above 2048^2 query-key pairs), "dense" or
-            "blocked" (O(block_size^2) memory, `_blocked`).
+        blocking: "auto" (blocked above 2048^2 query-key pairs), "dense",
+            "blocked" (O(block_size^2) memory, `_blocked`) or "fused" (one Pallas
+            kernel, `_kernels.fused`: Triton on a GPU, interpreted elsewhere;
+            derivatives through the blocked kernel).
         block_size: keys per block of the blocked kernel (queries: 4x as many).
     """
 

@@ -193,7 +193,10 @@ class SinkhornAttention(AbstractAttention):
             raise ValueError(f"`tol` must be positive; got {tol!r}.")
         self.V, self.A, self.Q, self.K = init_params(V, A, Q, K, "SinkhornAttention")
         self.kernel, self.max_iter, self.tol = kernel, int(max_iter), tol
-        self.blocking, self.block_size = check_blocking(blocking, block_size)
+        # No fused Sinkhorn kernel: its passes are log-sum-exps, not averages.
+        self.blocking, self.block_size = check_blocking(
+            blocking, block_size, ("auto", "dense", "blocked")
+        )
 
     def _logit_features(self, z, x, t):
         q, keys = bilinear_features(self.A, self.Q, self.K, t, z, x)

@@ -39,8 +39,10 @@ class BertHeadAttention(AbstractKernelAttention):
         Q: the head's query rows W_Q^h (k, d).
         K: the head's key rows W_K^h (k, d).
         q_bias: the head's query bias b_Q^h (k,); None for none.
-        blocking: "auto" (blocked above 2048^2 query-key pairs), "dense" or
-            "blocked" (O(block_size^2) memory, `_blocked`).
+        blocking: "auto" (blocked above 2048^2 query-key pairs), "dense",
+            "blocked" (O(block_size^2) memory, `_blocked`) or "fused" (one Pallas
+            kernel, `_kernels.fused`: Triton on a GPU, interpreted elsewhere;
+            derivatives through the blocked kernel).
         block_size: keys per block of the blocked kernel (queries: 4x as many).
 
     Raises:
