@@ -143,12 +143,6 @@ def device_info() -> dict:
     return info
 
 
-def device_name() -> str:
-    from meanfield._app.bench_report import device_name as name
-
-    return name()
-
-
 def run_part(result: dict, key: str, fn, save) -> None:
     """Run one part into result["parts"][key]; an exception is recorded, not fatal."""
     start = time.perf_counter()
@@ -418,7 +412,7 @@ def main(argv=None) -> int:
     sizes = SIZES["tiny" if args.tiny else "full"]
     start = time.perf_counter()
 
-    from meanfield._app.bench_report import use_agg
+    from meanfield._app.bench_report import device_name, use_agg
     from meanfield._app.report import Output
 
     use_agg()
@@ -428,10 +422,11 @@ def main(argv=None) -> int:
     name = f"accelerator_{'tiny_' if args.tiny else ''}{device_name()}"
     config = dict(vars(args), budget=budget, sizes=sizes, impls=IMPLS)
     result = dict(manifest={}, parts={})
+    device = device_info()
 
     def save():
         result["manifest"] = output.describe(config, 0)
-        result["manifest"]["device"].update(device_info_cached)
+        result["manifest"]["device"].update(device)
         result["wall_s"] = time.perf_counter() - start
         output.json(f"{name}.json", result)
 
@@ -439,7 +434,6 @@ def main(argv=None) -> int:
         if args.progress:
             print(message, file=sys.stderr, flush=True)
 
-    device_info_cached = device_info()
     with output.locked():
         if "a" in args.parts:
             log("a: correctness")
@@ -453,20 +447,10 @@ def main(argv=None) -> int:
             log("d: Gaussian runs")
 
             def gaussian():
-                # The queue's width (slots) that suits the device: one chunk per
-                # candidate (compiled and warm), then every run with the best.
                 g = sizes["gaussian"]
-                tries = [
-                    parts.gaussian_runs(
-                        g["chunk_size"], chunk_size=g["chunk_size"], slots=slots
-                    )
-                    for slots in g["slots"]
-                ]
-                best = min(tries, key=lambda r: r["seconds"])["slots"]
-                full = parts.gaussian_runs(
-                    g["runs"], chunk_size=g["chunk_size"], slots=best
+                return parts.gaussian_runs(
+                    g["runs"], chunk_size=g["chunk_size"], slots=tuple(g["slots"])
                 )
-                return dict(full, slot_tries=tries)
 
             run_part(result, "d", gaussian, save)
         if "e" in args.parts:
@@ -483,7 +467,7 @@ def main(argv=None) -> int:
                 remaining = budget - (time.perf_counter() - start)
                 t = sizes["tiles"]
                 tiles = tile_sweep(t["n"], t["d"], t["tiles"], 0.15 * remaining)
-                memory = device_info_cached.get("memory_bytes")
+                memory = device.get("memory_bytes")
                 max_bytes = 0.4 * memory if memory else 3 * bench_config.GIB
                 s = sizes["scaling"]
                 deadline = start + budget - 15  # leave time for the plot
@@ -494,9 +478,6 @@ def main(argv=None) -> int:
                     )
                     save()
 
-                # On the CPU (--tiny) the tile sweep's floor serves: measuring it
-                # twice more would take longer than the cases.
-                given = tiles["floor"] if args.tiny else None
                 sweep = bench.run(
                     s["ns"],
                     s["ds"],
@@ -508,7 +489,7 @@ def main(argv=None) -> int:
                     progress=args.progress,
                     on_record=keep,
                     deadline=deadline,
-                    floor=given,
+                    floor=tiles["floor"],  # one floor for tiles and sweep alike
                 )
                 return dict(sweep=sweep, tiles=tiles)
 

@@ -178,7 +178,10 @@ def _torch_prepare(x, A, V, *, dtype: str, max_bytes: float):
     on_gpu = jax.devices()[0].platform != "cpu"
     device = "cuda" if on_gpu else "cpu"
     if not on_gpu and 2 * n * n * 4 > max_bytes:  # the CPU may fall back to math
-        raise Skip(f"torch on CPU may hold two n x n arrays: > max_bytes {max_bytes}")
+        raise Skip(
+            f"torch on CPU may hold two n x n float32 arrays ({8 * n * n / GIB:.2f} "
+            f"GiB) > max_bytes {max_bytes / GIB:.2f} GiB"
+        )
     tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     q, k, v = (
         torch.from_numpy(np.array(_pad_head(a, 8)))  # a writable copy
