@@ -293,31 +293,42 @@ def plot(result: dict):
 OURS = ("jax_blocked", "jax_fused")
 
 
+#: Largest relative error of a timed record that may count for a target: float32
+#: products at XLA's default precision run as TF32 on NVIDIA GPUs (10-bit
+#: significands, ~1e-3 relative per product), with a margin.
+TARGET_MAX_ERROR = 1e-2
+
+
 def targets(result: dict) -> list[dict]:
     """The issue's targets, each with what was measured and whether it was met.
 
-    meanfield's time at a size is its faster float32 path (`OURS`), named in
-    `measured`. None where the part did not measure it (not run, or skipped).
+    meanfield's time at a size is its faster float32 path (`OURS`) among records
+    whose error is within `TARGET_MAX_ERROR`, named in `measured`. None where the
+    part did not measure it (not run, or skipped).
     """
     b = (result["parts"].get("b") or {}).get("sweep") or {}
     records = b.get("records", [])
     ok = {(r["impl"], r["n"], r["d"]): r for r in records if r["status"] == "ok"}
-    best = {}  # (n, d) -> meanfield's fastest float32 record
+    best = {}  # (n, d) -> meanfield's fastest float32 record with a right answer
     for (impl, n, d), r in ok.items():
-        if impl in OURS and (
-            (n, d) not in best or r["seconds"] < best[n, d]["seconds"]
-        ):
+        if impl not in OURS or not r.get("rel_error", 0) <= TARGET_MAX_ERROR:
+            continue
+        if (n, d) not in best or r["seconds"] < best[n, d]["seconds"]:
             best[n, d] = r
     at = best.get((2**20, 16))
     # Against the exp floor alone (the 4 n^2 d flops left out): n^2 / exp rate.
     exp_rate = (b.get("floor") or {}).get("used", {}).get("exp_per_second")
     within = None if at is None else (2**40 / exp_rate) / at["seconds"]
+    # Every size where torch ran counts: where ours did not run (skipped as too
+    # slow, or wrong), the ratio is None and the target is not met.
     vs_torch = {
-        f"n={n},d={d}": ok[("torch_sdpa", n, d)]["seconds"] / r["seconds"]
-        for (n, d), r in sorted(best.items())
-        if n >= 2**14 and ("torch_sdpa", n, d) in ok
+        f"n={n},d={d}": (
+            r["seconds"] / best[n, d]["seconds"] if (n, d) in best else None
+        )
+        for (impl, n, d), r in sorted(ok.items())
+        if impl == "torch_sdpa" and n >= 2**14
     }
-    fitted = [n for (impl, n, _) in ok if impl in OURS]
+    fitted = [n for n, _ in best]
     tried_large = any(r["impl"] in OURS and r["n"] >= 2**22 for r in records)
     gauss = result["parts"].get("d") or {}
     million = gauss.get("runs") == 10**6 and gauss.get("status") == "ok"
@@ -330,9 +341,11 @@ def targets(result: dict) -> list[dict]:
         ),
         dict(
             target="faster than torch SDPA (float32) at every n >= 2^14 "
-            "(measured: torch seconds / ours)",
+            "(measured: torch seconds / ours; None where ours did not run)",
             measured=vs_torch or None,
-            met=min(vs_torch.values()) > 1 if vs_torch else None,
+            met=all(v is not None and v > 1 for v in vs_torch.values())
+            if vs_torch
+            else None,
         ),
         dict(
             target="n = 2^22 fits (O(n) memory)",
@@ -340,9 +353,10 @@ def targets(result: dict) -> list[dict]:
             met=max(fitted, default=0) >= 2**22 if tried_large else None,
         ),
         dict(
-            target="10^6 Gaussian runs in under 60 s",
+            target="10^6 Gaussian runs in under 60 s, checked against t* = "
+            "1 / lambda_max on V = I runs",
             measured=gauss.get("seconds") if million else None,
-            met=gauss["seconds"] < 60 if million else None,
+            met=bool(gauss["seconds"] < 60 and gauss["passed"]) if million else None,
         ),
     ]
 

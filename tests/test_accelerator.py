@@ -25,9 +25,15 @@ def _load_script():
     return module
 
 
-def _record(impl, n, d, seconds, fraction=0.6):
+def _record(impl, n, d, seconds, fraction=0.6, error=1e-6):
     return dict(
-        impl=impl, n=n, d=d, status="ok", seconds=seconds, fraction_of_floor=fraction
+        impl=impl,
+        n=n,
+        d=d,
+        status="ok",
+        seconds=seconds,
+        fraction_of_floor=fraction,
+        rel_error=error,
     )
 
 
@@ -39,7 +45,7 @@ def test_targets_read_the_records():
         _record("torch_sdpa", 2**20, 16, 2.0),
         _record("jax_blocked", 2**14, 2, 1.0),
         _record("torch_sdpa", 2**14, 2, 0.5),
-        _record("torch_sdpa", 2**14, 16, 0.1),  # no meanfield record: not compared
+        _record("torch_sdpa", 2**14, 16, 0.1),  # ours did not run here: not met
         _record("jax_blocked", 2**22, 2, 9.0),
         dict(impl="jax_blocked", n=2**22, d=128, status="skipped", reason="budget"),
     ]
@@ -50,18 +56,32 @@ def test_targets_read_the_records():
             b=dict(
                 sweep=dict(records=records, floor=dict(used=dict(exp_per_second=2**41)))
             ),
-            d=dict(status="ok", runs=10**6, seconds=42.0),
+            d=dict(status="ok", runs=10**6, seconds=42.0, passed=True),
         )
     )
     floor, torch, fits, gauss = suite.targets(result)
     assert floor["measured"] == dict(value=0.5, impl="jax_fused")
     assert floor["met"] is True
-    assert torch["measured"] == {"n=16384,d=2": 0.5, "n=1048576,d=16": 2.0}
-    assert torch["met"] is False  # slower than torch at n = 2^14, d = 2
+    assert torch["measured"] == {
+        "n=16384,d=2": 0.5,
+        "n=16384,d=16": None,
+        "n=1048576,d=16": 2.0,
+    }
+    assert torch["met"] is False  # slower at n = 2^14, d = 2; missing at d = 16
     assert fits["measured"] == 2**22 and fits["met"] is True
     assert gauss["met"] is True
     records[1]["seconds"] = 1.25  # now blocked (1.5 s) is not within 2x either
     assert suite.targets(result)[0]["met"] is False
+    # Flags that must not hold on wrong answers: a fast fused record with a wrong
+    # result does not count, nor a fast Gaussian study whose check failed.
+    records[1].update(seconds=0.5, rel_error=0.5)
+    assert suite.targets(result)[0]["measured"]["impl"] == "jax_blocked"
+    result["parts"]["d"]["passed"] = False
+    assert suite.targets(result)[3]["met"] is False
+    # Where torch ran and ours did everywhere and faster, the target is met.
+    records[3]["seconds"] = 0.25  # blocked at n = 2^14, d = 2: now 2x torch
+    records.remove(records[5])  # the torch case where ours did not run
+    assert suite.targets(result)[1]["met"] is True
     # Nothing measured: nothing claimed.
     empty = suite.targets(dict(parts={}))
     assert [t["met"] for t in empty] == [None] * 4
