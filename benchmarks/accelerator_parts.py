@@ -184,9 +184,10 @@ def sphere_solve(
     eye = jnp.eye(d, dtype=jnp.float32)
     dt = 1 / 16
 
+    attn = mf.SoftmaxAttention(eye, A=beta * eye, blocking="blocked")
+
     @jax.jit
     def velocity(x):
-        attn = mf.SoftmaxAttention(eye, A=beta * eye, blocking="blocked")
         return attn.velocity(mf.Particles(x))
 
     _seconds(lambda: velocity(x))
@@ -195,7 +196,6 @@ def sphere_solve(
 
     @jax.jit
     def solve(x):
-        attn = mf.SoftmaxAttention(eye, A=beta * eye, blocking="blocked")
         sol = mf.simulate(
             mf.Particles(x),
             attn,

@@ -5,6 +5,7 @@ in NumPy), the implementations (`IMPLS`, see `bench_config`), their compilation
 with XLA's memory analysis, the timing loop and the optional fixed-step solve.
 """
 
+import contextlib
 import functools
 import math
 import os
@@ -195,15 +196,13 @@ def _torch_prepare(x, A, V, *, dtype: str, max_bytes: float):
         SDPBackend.CUDNN_ATTENTION,
     ]
 
+    backends = (lambda: sdpa_kernel(fused)) if on_gpu else contextlib.nullcontext
+
     def call():
-        if on_gpu:
-            with sdpa_kernel(fused):
-                out = torch.nn.functional.scaled_dot_product_attention(
-                    q, k, v, scale=1.0
-                )
-            torch.cuda.synchronize()
-        else:
+        with backends():
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
+        if on_gpu:
+            torch.cuda.synchronize()
         return out
 
     def to_numpy(out):

@@ -35,13 +35,9 @@ def _side(size: int) -> int:
     return max(_MIN_SIDE, 1 << max(0, size - 1).bit_length())
 
 
-def _pad_to(a: Array, axis: int, size: int, fill) -> Array:
-    pad = size - a.shape[axis]
-    if pad == 0:
-        return a
-    widths = [(0, 0)] * a.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(a, widths, constant_values=fill)
+def _pad_features(a: Array, side: int) -> Array:
+    """Zero columns up to `side`: they add nothing to logits or values."""
+    return jnp.pad(a, [(0, 0), (0, side - a.shape[1])])
 
 
 def _kernel(*refs, block_k: int, key_blocks: int, masked: bool, compute_dtype):
@@ -93,12 +89,13 @@ def _call(q, keys, bias, values, qpos, kpos, c, *, block_q, block_k, compute_dty
     acc_dtype = jnp.promote_types(jnp.result_type(q, keys, values), jnp.float32)
     side, side_v = _side(q.shape[1]), _side(dv)
     n_pad, m_pad = -(-n // block_q) * block_q, -(-m // block_k) * block_k
-    # Zero features add nothing to the logits; padded keys get bias -inf (and an
-    # invisible position), padded queries are cut off.
-    q = _pad_to(_pad_to(q.astype(acc_dtype), 1, side, 0), 0, n_pad, 0)
-    keys = _pad_to(_pad_to(keys.astype(acc_dtype), 1, side, 0), 0, m_pad, 0)
-    values = _pad_to(_pad_to(values.astype(acc_dtype), 1, side_v, 0), 0, m_pad, 0)
-    bias = _pad_to(bias.astype(acc_dtype), 0, m_pad, -jnp.inf)
+    # Padded keys get bias -inf (and an invisible position); padded queries are
+    # cut off. Rows are padded as in the blocked kernel.
+    pad_rows = blocked._pad_rows
+    q = pad_rows(_pad_features(q.astype(acc_dtype), side), block_q, 0)
+    keys = pad_rows(_pad_features(keys.astype(acc_dtype), side), block_k, 0)
+    values = pad_rows(_pad_features(values.astype(acc_dtype), side_v), block_k, 0)
+    bias = pad_rows(bias.astype(acc_dtype), block_k, -jnp.inf)
     c = jnp.ones((), acc_dtype) if c is None else jnp.asarray(c, acc_dtype)
     args = [q, keys, bias, values, jnp.broadcast_to(c, (n_pad,))]
     specs = [
@@ -111,8 +108,8 @@ def _call(q, keys, bias, values, qpos, kpos, c, *, block_q, block_k, compute_dty
     masked = qpos is not None
     if masked:
         args += [
-            _pad_to(qpos.astype(acc_dtype), 0, n_pad, 0),
-            _pad_to(kpos.astype(acc_dtype), 0, m_pad, jnp.inf),
+            pad_rows(qpos.astype(acc_dtype), block_q, 0),
+            pad_rows(kpos.astype(acc_dtype), block_k, jnp.inf),
         ]
         specs += [
             pl.BlockSpec((block_q,), lambda i: (i,)),
