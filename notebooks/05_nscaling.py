@@ -171,9 +171,9 @@ with tempfile.TemporaryDirectory(prefix="meanfield_bench_") as tmp:
         argv = ["bench", "--quick", "--name", "notebook", "--out", str(bench_dir)]
         print("meanfield", " ".join(argv[:-2]), "...")
         log = io.StringIO()  # its summary table: printed below from the JSON
-        with contextlib.redirect_stderr(log):
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             assert main([*argv, "--no-progress"]) == 0
-        print(log.getvalue().splitlines()[-1])
+        print(log.getvalue().strip().splitlines()[-1])
         print(f"meanfield bench --quick: {time.perf_counter() - start:.0f} s")
     live = json.loads(path.read_text())
 print(f"read {path}: {len(live['records'])} records")
