@@ -151,7 +151,9 @@ def test_every_import_is_a_declared_dependency():
         declared += extra
     names = {re.split(r"[<>=!~\[; ]", spec, maxsplit=1)[0].lower() for spec in declared}
     for module in sorted(third_party_imports() - PEERS):
-        assert DISTRIBUTION.get(module, module).lower().replace("_", "-") in names, module
+        assert DISTRIBUTION.get(module, module).lower().replace("_", "-") in names, (
+            module
+        )
     # The persistent compilation cache that meanfield turns on needs filelock.
     core = {re.split(r"[<>=!~\[; ]", s, maxsplit=1)[0] for s in project["dependencies"]}
     assert "filelock" in core
