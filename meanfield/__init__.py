@@ -47,6 +47,7 @@ _ENGINE = {
     "PiecewiseConstant": "._params",
     "particle_mesh": "._sharding",
     "shard": "._sharding",
+    "Status": "._status",
 }
 # Public namespaces (subpackages).
 _NAMESPACES = (
@@ -107,4 +108,5 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from ._params import PiecewiseConstant
     from ._sharding import particle_mesh, shard
+    from ._status import Status
     from .clustering._merging import simulate_merging

@@ -6,6 +6,7 @@ runtime errors (`eqx.error_if`) when the inputs are traced under jit/vmap/grad.
 """
 
 import math
+import re
 
 import equinox as eqx
 import jax
@@ -45,6 +46,70 @@ def check_values(arrays: tuple, bad, message: str) -> tuple:
     if bool(np.asarray(bad)):
         raise ValueError(message)
     return arrays
+
+
+# How to take positions at save time i from a result `sol` whose `x` is not (T, n, d)
+# positions as they are: a `MergingSolution` pads x with NaN rows past its atoms.
+_POSITIONS_AT = {"MergingSolution": "sol.measure({i}).x"}
+# Array-likes: converted (or rejected) by NumPy/JAX, never a result object.
+_ARRAY_LIKE = (np.ndarray, jax.Array, np.generic, int, float, complex, list, tuple)
+
+
+def reject_result(
+    value,
+    name: str,
+    where: str,
+    *,
+    expected: str = "an array of positions (n, d)",
+    take: str = "sol.x[{i}]",
+    positions: bool = True,
+) -> None:
+    """TypeError when a result or a measure is passed where one array is expected.
+
+    A `Solution` (the result of `mf.simulate`; also a `MergingSolution`,
+    `GaussianSolution` or `DensitySolution`) holds every save time, and a measure
+    holds its positions in `.x`: NumPy would read either as an object and fail
+    with "float() argument must be ... not 'Solution'". The message says what
+    to pass instead. Results are recognised by their fields (save times `ts`
+    beside states `x`, `rho` or `mean`; a measure by `x` alone), not by their
+    types: the engine does not import the analyses that define some of them.
+
+    Args:
+        value: the argument as given.
+        name: the argument's name, e.g. "x".
+        where: the public function, first in the message, e.g. "clusters".
+        expected: what the argument must be, e.g. "an array of positions (n, d)".
+        take: how to get it from a result `sol` at save time `{i}`, e.g.
+            "sol.x[{i}]" or "sol.measure({i})".
+        positions: whether positions are expected, so that a measure is
+            rejected too (pointing to its `.x`); False where a measure is.
+
+    Raises:
+        TypeError: `value` is a result over save times, or a measure (when
+            positions are expected).
+    """
+    if value is None or isinstance(value, _ARRAY_LIKE):
+        return
+    if any(getattr(value, p, None) is not None for p in ("__array__", "__jax_array__")):
+        return  # converts to an array (a pandas frame may have a column `x`)
+    kind = type(value).__name__
+    states = (getattr(value, field, None) for field in ("x", "rho", "mean"))
+    if getattr(value, "ts", None) is not None and any(s is not None for s in states):
+        if take == "sol.x[{i}]":
+            take = _POSITIONS_AT.get(kind, take)
+        attr = re.search(r"sol\.(\w+)", take)
+        if attr and getattr(value, attr.group(1), None) is None:  # another result
+            hint = f"it has no `{attr.group(1)}`"
+        else:
+            hint = (
+                f"pass {take.format(i='i')} for save time i "
+                f"({take.format(i='-1')} is the last)"
+            )
+    elif positions and getattr(value, "x", None) is not None:
+        hint = "pass its positions `.x`"
+    else:
+        return
+    raise TypeError(f"{where}: `{name}` must be {expected}; got a {kind}: {hint}.")
 
 
 def as_float_array(value, name: str, dtype=None) -> jax.Array:

@@ -28,6 +28,7 @@ from ._linalg import host_row_norms, row_norms
 from ._measures import AbstractParticles
 from ._normalization import NORMALIZATIONS as NORMALIZATIONS
 from ._normalization import ON_SPHERE
+from ._repr import fields_repr, status_brief
 from ._step_floor import FlooredPIDController
 
 _ADAPTIVE_SOLVERS = {
@@ -51,7 +52,7 @@ class Solution(eqx.Module):
         x: positions, shape (T, n, d); rows after an early stop are +inf.
         blowup_time: first time max_i |x_i| reached `blowup_radius` (or the velocity
             overflowed the dtype), +inf if it did not.
-        result: integer result code; see `status`.
+        result: integer result code (`mf.Status`); `status` gives its name.
         t_final: time at which integration stopped.
         num_steps: accepted + rejected solver steps (L for `layers`).
         initial: the initial measure (carries weights and positions).
@@ -69,12 +70,21 @@ class Solution(eqx.Module):
     def status(self) -> str | np.ndarray:
         """'success' | 'blowup' | 'max_steps' | 'sinkhorn_not_converged' | 'failed'.
 
-        An array of such names for an ensemble (`mf.simulate_ensemble`).
+        The name of `result` (`mf.Status(result).label`); an array of such
+        names for an ensemble (`mf.simulate_ensemble`).
         """
-        codes = np.asarray(self.result)
-        if codes.ndim == 0:
-            return _status.name(codes)
-        return np.vectorize(_status.name, otypes=[object])(codes)
+        return _status.names(self.result)
+
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            status=status_brief(self.result),
+            t_final=self.t_final,
+            num_steps=self.num_steps,
+            blowup_time=self.blowup_time,
+            ts=self.ts,
+            x=self.x,
+        )
 
     @property
     def reached(self) -> Array:
@@ -241,6 +251,11 @@ def simulate(
     ODE (Geshkovski et al., 2023; Castin et al., 2025). Masked particles keep their
     positions s_j; weights never change.
 
+    See [Tokens as particles][math-particles] for the particle system,
+    [Where the LayerNorm sits][math-normalizations] for the normalizations,
+    [Blow-up detection][math-blowup-particles] for when a run is a blow-up, and
+    [The solver clock][math-solver-clock] for the clock the solve runs on.
+
     Args:
         measure: initial `Particles` or `MaskedParticles`, x of shape (n, d).
         attn: the attention velocity field.
@@ -255,7 +270,7 @@ def simulate(
         dt0: initial step; when given, the step is constant (fixed-step solve).
         max_steps: step budget; running out gives status "max_steps", not an error.
         normalization: where the LayerNorm sits (`meanfield._normalization`,
-            docs/math.md §1): None; "sphere", the post-LN model of Geshkovski et
+            docs/math/particles.md): None; "sphere", the post-LN model of Geshkovski et
             al. (x_i' = P_{x_i}^perp Gamma(x_i)); "pre-ln" (x_i' = Gamma_nu(theta_i),
             nu the measure of directions theta = x/|x|); "peri-ln" (the same,
             normalised to unit speed); "ngpt" (theta_i' = alpha P^perp of the unit
@@ -480,6 +495,10 @@ def layers(
     Layer l uses the parameters at t_l = l h (so a `PiecewiseConstant` with L values
     on [0, t1] gives each layer its own weights). This is the explicit Euler scheme
     of `simulate`, first order in h (Castin et al., 2025).
+
+    See [Layers: the explicit Euler scheme][math-layers], and
+    [Where the LayerNorm sits][math-normalizations] for the block of each normalization
+    and its limit.
 
     Args:
         measure: initial `Particles` or `MaskedParticles`.

@@ -40,6 +40,8 @@ def simulate_ensemble(
 ) -> Any:
     """Solve B independent particle systems: one `simulate` per system, vmapped.
 
+    See [Tokens as particles][math-particles] for the particle system of each member.
+
     Args:
         measures: B initial measures, a leading batch axis on every array leaf,
             e.g. `jax.vmap(mf.Particles)(xs)` with xs of shape (B, n, d).

@@ -19,6 +19,7 @@ from ._checks import (
     check_shape,
     check_values,
     is_traced,
+    reject_result,
 )
 
 # Every engine path goes through a measure: the persistent compilation cache is
@@ -56,7 +57,8 @@ def _with_simplex_weights(x, weights) -> tuple[Float[Array, "n d"], Float[Array,
     )
 
 
-def _points(x, name: str = "x") -> Float[Array, "n d"]:
+def _points(x, name: str = "x", where: str = "Particles") -> Float[Array, "n d"]:
+    reject_result(x, name, where)
     x = as_float_array(x, name)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] == 0:
         raise ValueError(
@@ -100,6 +102,7 @@ class Particles(AbstractParticles):
 
     Raises:
         ValueError: wrong shapes, NaN/inf, or weights not on the simplex.
+        TypeError: `x` is a `Solution` (pass `sol.x[i]`) or a measure.
     """
 
     x: Float[Array, "n d"]
@@ -124,6 +127,7 @@ class MaskedParticles(AbstractParticles):
     Raises:
         ValueError: wrong shapes, NaN/inf, weights not on the simplex, or positions
             outside [0, 1].
+        TypeError: `x` is a `Solution` (pass `sol.x[i]`) or a measure.
     """
 
     x: Float[Array, "n d"]
@@ -133,7 +137,7 @@ class MaskedParticles(AbstractParticles):
     def __init__(
         self, x: ArrayLike, positions: ArrayLike, weights: ArrayLike | None = None
     ):
-        x = _points(x)
+        x = _points(x, where="MaskedParticles")
         n = x.shape[0]
         s = as_float_array(positions, "positions").astype(x.dtype)
         check_shape(s, (n,), "positions", "(n,)")

@@ -1,6 +1,7 @@
 """Where the LayerNorm sits: the normalisation schemes of the token dynamics.
 
-Each scheme is the continuous-time limit of a residual block (docs/math.md §1).
+Each scheme is the continuous-time limit of a residual block
+(docs/math/particles.md).
 With θᵢ = xᵢ / |xᵢ|, ν = Σⱼ wⱼ δ_{θⱼ} the measure of directions and Γ_ν the
 attention field of ν:
 

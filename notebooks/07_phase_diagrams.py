@@ -13,7 +13,7 @@
 # β and the depth t. At small β everything merges quickly; at large β the tokens first
 # form many long-lived (metastable) clusters. The white curve is the time at which n
 # equiangular tokens (all pairwise inner products equal) merge: they follow the scalar
-# ODE ρ' = 2(1−ρ)((n−1)ρ+1)/(e^{β(1−ρ)} + n − 1) (docs/math.md §7).
+# ODE ρ' = 2(1−ρ)((n−1)ρ+1)/(e^{β(1−ρ)} + n − 1) (docs/math/clusters.md).
 #
 # This notebook draws the diagram with `mf.clustering.phase_diagram`, then compares
 # softmax with unnormalised attention (Karagodin, Polyanskiy & Rigollet study both),

@@ -16,9 +16,9 @@
 #    [0, 2π) (`mf.density.simulate`), beside 5000 tokens
 #    (benchmarks/density.py compares 2·10⁴).
 # 2. How many clusters emerge from noise: the fastest-growing Fourier mode of the
-#    uniform state, λ_k = k² I_k(β) / (β I₀(β)) (docs/math.md §9).
+#    uniform state, λ_k = k² I_k(β) / (β I₀(β)) (docs/math/density.md).
 # 3. The energy staircase: `mf.simulate_merging` merges atoms that meet, so a
-#    run of 32 tokens to t = 10¹⁴ takes seconds (docs/math.md §8).
+#    run of 32 tokens to t = 10¹⁴ takes seconds (docs/math/energy.md).
 #
 # `SMOKE_TEST=1` runs a small version.
 
@@ -122,7 +122,7 @@ finish(fig, "08_growth_rates")
 # %% [markdown]
 # ## 3. The energy staircase
 #
-# The energy E = (1/2β) Σᵢⱼ wᵢwⱼ e^{β⟨xᵢ, xⱼ⟩} never decreases (docs/math.md §8).
+# The energy E = (1/2β) Σᵢⱼ wᵢwⱼ e^{β⟨xᵢ, xⱼ⟩} never decreases (docs/math/energy.md).
 # It climbs one step per merge of two clusters and stays flat on the metastable
 # plateaus in between, which last exponentially long in β. `simulate_merging`
 # replaces atoms that meet by one atom of their summed weight, so the run never

@@ -2,7 +2,7 @@
 
 The uniform density of tokens on S^1 with A = beta I, V = I is unstable: the mode
 e^{ik theta} grows at lambda_k = k^2 I_k(beta) / (beta I_0(beta)) under softmax
-attention and k^2 I_k(beta) / beta unnormalised (docs/math.md §9), and the
+attention and k^2 I_k(beta) / beta unnormalised (docs/math/density.md), and the
 fastest-growing mode sets how many clusters emerge from noise (Geshkovski,
 Letrouit, Polyanskiy & Rigollet, 2023; Bruno, Pasqualotto & Agazzi, 2025).
 """

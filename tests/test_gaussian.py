@@ -1,4 +1,7 @@
-"""Gaussian moment ODE (Castin, Ablin, Carrillo & Peyre, 2025; docs/math.md §3)."""
+"""Gaussian moment ODE (Castin, Ablin, Carrillo & Peyre, 2025).
+
+Derivations: docs/math/gaussians.md.
+"""
 
 import jax
 import jax.numpy as jnp
@@ -184,7 +187,7 @@ def test_l2_full_rank_K_does_not_blow_up_where_softmax_does():
         gauss, mf.L2Attention(V, Q=Q, K=K), 10 * t_star, saveat=ts
     )
     assert l2.status == "success"
-    # |B| <= |V| |Q| / s_min(K) (docs/math.md), so
+    # |B| <= |V| |Q| / s_min(K) (docs/math/gaussians.md), so
     # |Sigma(t)| <= |Sigma0| e^{2 t |V| |Q| / s_min(K)}.
     rate = np.linalg.norm(V, 2) * np.linalg.norm(Q, 2) / np.linalg.svd(K)[1][-1]
     bound = np.linalg.norm(SIGMA0, 2) * np.exp(2 * rate * ts)
@@ -253,7 +256,7 @@ def test_blowup_study_over_a_batch(key):
 
 def test_limit_rank_bound_for_symmetric_A(key):
     # V = I, A = -R R^T (rank r): M = 2A has inertia (0, r, d - r); the limit has
-    # rank <= z + min(p, q) = d - r (docs/math.md), attained.
+    # rank <= z + min(p, q) = d - r (docs/math/gaussians.md), attained.
     d, r, batch = 4, 2, 8
     R = np.asarray(jr.normal(key, (batch, d, r)))
     As = -np.einsum("bir,bjr->bij", R, R)
@@ -390,7 +393,8 @@ def test_blowup_time_does_not_depend_on_the_horizon():
 
 def test_fast_exponential_l2_growth_is_not_a_blowup():
     # K = I, Q = 3 I: B -> K^T Q = 3 I, so Sigma grows like e^{6t} (e^{30} by t = 5),
-    # beyond 1e8 e^{2 |V| t}, yet L2 with full-rank K never blows up (docs/math.md).
+    # beyond 1e8 e^{2 |V| t}, yet L2 with full-rank K never blows up
+    # (docs/math/gaussians.md).
     attn = mf.L2Attention(np.eye(2), Q=3 * np.eye(2), K=np.eye(2))
     sol = mf.gaussian.simulate(mf.Gaussian(np.zeros(2), np.eye(2)), attn, 5.0)
     assert sol.status == "success"

@@ -1,4 +1,4 @@
-"""The covariance ODE in the moving orthogonal frame (docs/math.md §4).
+"""The covariance ODE in the moving orthogonal frame (docs/math/blowup.md).
 
 References: Sigma' = B Sigma + Sigma B^T differentiated through the factors, dense
 inverses where they are accurate, and an independent SciPy solve of the L2 runs in

@@ -1,7 +1,7 @@
 """Batched Gaussian blow-up studies: the work-queue solver and the classification.
 
 References: closed forms (V = I softmax, Castin, Ablin, Carrillo & Peyre, 2025; the
-rank-deficient L2 example of docs/math.md §3), tight single-run solves and an
+rank-deficient L2 example of docs/math/gaussians.md), tight single-run solves and an
 independent SciPy solve of Sigma' = V Sigma A Sigma + (transpose) in t.
 """
 
@@ -202,7 +202,8 @@ def test_general_v_blowup_times_match_a_tight_solve(key):
 
 
 def test_rank_deficient_l2_blowup_time_is_the_closed_form():
-    # docs/math.md §3: K = [1 0], Q = [0 1], V = diag(0, 1), Sigma0 = [[a, b], [b, c]]:
+    # docs/math/gaussians.md: K = [1 0], Q = [0 1], V = diag(0, 1),
+    # Sigma0 = [[a, b], [b, c]]:
     # Sigma_22 ~ (t* - t)^{-2} with t* = (1 + 2a) / (2b): a p = 2 singularity.
     a, b, c = 0.5, 0.4, 1.0
     attn = mf.L2Attention(
@@ -264,9 +265,9 @@ def test_huge_steady_sigma_is_stationary_not_blowup(A, V, ell_min):
 
 @pytest.mark.parametrize("family", ["l2", "sinkhorn"])
 def test_bounded_families_never_blow_up(key, family):
-    # Full-rank L2 and Sinkhorn have global solutions (docs/math.md §3): no run
-    # blows up or fails, and none grows faster than the bound 2 r. Solved in the
-    # orthogonal frame (docs/math.md §4), every run is classified.
+    # Full-rank L2 and Sinkhorn have global solutions (docs/math/gaussians.md): no
+    # run blows up or fails, and none grows faster than the bound 2 r. Solved in the
+    # orthogonal frame (docs/math/blowup.md), every run is classified.
     d, batch = 3, 64
     ka, kv = jr.split(key)
     As = jr.normal(ka, (batch, d, d)) / np.sqrt(d)
@@ -288,6 +289,23 @@ def test_bounded_families_never_blow_up(key, family):
         assert np.all(
             study.rate[family][classified] <= 2 * norms[classified] * (1 + 1e-6)
         )
+
+
+def test_one_attention_is_a_batch_of_one():
+    # Before: one attention (no batch axis) failed with an error about V's shape.
+    gauss = mf.Gaussian(np.zeros(2), np.eye(2))
+    A, V = np.array([[1.0, 0.5], [0.0, 0.5]]), np.eye(2)
+    one = mf.gaussian.blowup_times(gauss, mf.SoftmaxAttention(V, A=A), 5.0)
+    batch = mf.gaussian.blowup_times(gauss, _softmax_batch(A[None], V[None]), 5.0)
+    for field in ("times", "rank", "rate", "status", "steps"):
+        got, want = getattr(one, field), getattr(batch, field)
+        np.testing.assert_array_equal(got["SoftmaxAttention"], want["SoftmaxAttention"])
+    assert one.status_names("SoftmaxAttention").tolist() == ["blowup"]
+    # Neither one attention nor a batch of them for this Gaussian (d = 3, not 2):
+    # the message names `attns` and shows how to build a batch.
+    wrong = mf.SoftmaxAttention(np.eye(3), A=np.eye(3))
+    with pytest.raises(ValueError, match=r"^`attns` .*leading batch axis.*jax\.vmap"):
+        mf.gaussian.blowup_times(gauss, wrong, 5.0)
 
 
 def test_study_rejects_bad_arguments():

@@ -14,8 +14,9 @@ import pytest
 PACKAGE = Path(__file__).parent.parent / "meanfield"
 MAX_LINES = 600
 
-# Every public name before the restructuring (meanfield 0.1.0 at 555c7cd): each must
-# stay importable under the same name.
+# Every public name before the restructuring (meanfield 0.1.0 at 555c7cd), and the
+# status codes by name (`Status`) since: each must stay importable under the same
+# name.
 PUBLIC = {
     "meanfield": [
         "AbstractAttention", "AbstractIllPosedAttention", "AbstractKernelAttention",
@@ -23,7 +24,7 @@ PUBLIC = {
         "LinearAttention", "MaskedParticles", "MultiHeadAttention", "Particles",
         "PiecewiseConstant", "ReLUAttention", "SOLVERS", "SigmoidAttention",
         "SinkhornAttention", "SinkhornPotentials", "SoftmaxAttention", "Solution",
-        "UnnormalizedAttention", "bert", "clustering", "gaussian", "layers",
+        "Status", "UnnormalizedAttention", "bert", "clustering", "gaussian", "layers",
         "lipschitz", "particle_mesh", "shard", "simulate", "wasserstein",
     ],
     "meanfield.gaussian": [

@@ -155,6 +155,22 @@ def test_real_model_study_matches_direct_local(small_model):
         L.real_model_study(small_model, ids, [8], layers=[2], progress=False)
 
 
+def test_studies_print_no_progress_by_default(small_model, capsys):
+    # Library calls are quiet (before: a tqdm bar on stderr unless progress=False);
+    # the `meanfield lipschitz` command asks for bars itself. The same calls as
+    # the tests above, so nothing new compiles.
+    l2 = mf.L2Attention(np.eye(2), Q=np.eye(2), K=np.eye(2))
+    study = L.scaling_study(l2, [4, 8], 1.0)
+    ids = np.random.default_rng(0).integers(0, CONFIG.vocab_size, size=40)
+    res = L.real_model_study(small_model, ids, [8, 16], layers=[1])
+    captured = capsys.readouterr()
+    assert captured.err == "" and captured.out == ""
+    assert np.all(np.isfinite(study.random)) and res.converged.all()
+    # Their reprs: key values, no arrays dumped.
+    assert repr(study).startswith("ScalingStudy(ns=[4, 8], R=1, slopes={'random': ")
+    assert repr(res).startswith("RealModelStudy(lengths=[8, 16], layers=[1], ")
+
+
 # ---- the command ----
 
 SMALL = """\

@@ -55,14 +55,52 @@ GIB = 2**30
 
 #: TOML keys (and the options of the same names): key -> (checker, default).
 SCHEMA: dict = {
-    "ns": Key(int_list(1, increasing=False), [2**k for k in range(10, 21)]),
-    "ds": Key(int_list(1, increasing=False), [2, 16, 64, 128]),
-    "impls": Key(names(IMPLS), list(DEFAULT_IMPLS)),
-    "repeats": Key(integer(1), 3),
-    "max_seconds": Key(number(positive=True), 60.0),
-    "max_gib": Key(number(positive=True), 3.0),
-    "block_size": Key(integer(1), 512),
-    "solve_steps": Key(integer(0), 10),
+    "ns": Key(
+        int_list(1, increasing=False),
+        [2**k for k in range(10, 21)],
+        doc="Numbers of particles n: a non-empty list of integers ≥ 1.",
+    ),
+    "ds": Key(
+        int_list(1, increasing=False),
+        [2, 16, 64, 128],
+        doc="Dimensions d: a non-empty list of integers ≥ 1.",
+    ),
+    "impls": Key(
+        names(IMPLS),
+        list(DEFAULT_IMPLS),
+        doc="Implementations to time: a non-empty list of names from "
+        + ", ".join(f'`"{name}"`' for name in IMPLS)
+        + "; one that cannot run here (no GPU, KeOps or PyTorch) is recorded as "
+        "unavailable.",
+    ),
+    "repeats": Key(
+        integer(1),
+        3,
+        doc="Timed calls per case after a warm-up call (fewer when over the time "
+        "budget), ≥ 1; the fastest is reported.",
+    ),
+    "max_seconds": Key(
+        number(positive=True),
+        60.0,
+        doc="Time budget of one case (evaluations and solve) in seconds, > 0; a "
+        "case projected to exceed it is skipped.",
+    ),
+    "max_gib": Key(
+        number(positive=True),
+        3.0,
+        doc="Memory budget of one evaluation in GiB, > 0; a larger case is skipped.",
+    ),
+    "block_size": Key(
+        integer(1),
+        512,
+        doc="Keys per block of the blocked kernel, ≥ 1.",
+    ),
+    "solve_steps": Key(
+        integer(0),
+        10,
+        doc="Euler steps of the timed `mf.simulate` solve (dense and blocked JAX), "
+        "≥ 0 (0: no solve).",
+    ),
 }
 #: The defaults of `--quick` (explicit values still win).
 QUICK = {

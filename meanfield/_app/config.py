@@ -1,12 +1,13 @@
 """Configuration schemas of the commands: key -> (checker, default), one resolver.
 
 A command declares its TOML keys once, as a schema: a dict from each key to a
-`Key(check, default)` or, for a `[table]`, to a nested schema. `resolve(schema,
-raw)` rejects unknown keys, fills in the defaults and runs every checker in the
-schema's order. A checker is called as `check(value, name, cfg)`: `name` is the
-key as the user writes it (`search.steps` inside `[search]`) and `cfg` holds the
-values resolved before it (outer tables included), so a key can depend on another
-(`K` has as many rows as `Q`; `dt0` is required by `solver = "euler"`).
+`Key(check, default, doc=...)` or, for a `[table]`, to a nested schema.
+`resolve(schema, raw)` rejects unknown keys, fills in the defaults and runs every
+checker in the schema's order. A checker is called as `check(value, name, cfg)`:
+`name` is the key as the user writes it (`search.steps` inside `[search]`) and
+`cfg` holds the values resolved before it (outer tables included), so a key can
+depend on another (`K` has as many rows as `Q`; `dt0` is required by
+`solver = "euler"`). `doc` is the key's line in the command-line reference.
 
 Every error is a ValueError with a one-line message that names the key, what was
 expected and what was got; the command line prints it and exits with status 2.
@@ -33,10 +34,14 @@ class Key:
             Python (floats, ints, lists); raises ValueError naming the key.
         default: the value of an omitted key; None marks a key whose checker
             decides what omission means (derived default, optional, required).
+        doc: one line for the user: what the key means, its unit or range, its
+            allowed values and, for a None default, what omitting it means (the
+            command-line reference, `config_reference`, prints it).
     """
 
     check: Check
     default: Any = None
+    doc: str = dataclasses.field(default="", kw_only=True)
 
 
 #: key -> `Key`, or -> a nested schema for a `[table]`.
@@ -152,6 +157,14 @@ def short(value: Any) -> str:
 def is_number(value: Any) -> bool:
     """An int or a float, not a bool (`true` in a configuration is not a number)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def one_of(options: Collection[str]) -> str:
+    """String options as a key's `doc` writes them: `"a"`, `"b"` or `"c"`."""
+    quoted = [f'`"{option}"`' for option in options]
+    return (
+        ", ".join(quoted[:-1]) + " or " + quoted[-1] if len(quoted) > 1 else quoted[0]
+    )
 
 
 # ---- checker factories --------------------------------------------------------

@@ -29,16 +29,59 @@ def _nonnegative(value, key: str, cfg) -> float:
 
 #: The configuration: key -> (checker, default).
 SCHEMA: dict = {
-    "N": Key(integer(8), 1024),
-    "beta": Key(number(positive=True), 30.0),
-    "attention": Key(choice(ATTENTIONS), "softmax"),
-    "t1": Key(number(positive=True), 25.0),
-    "saves": Key(integer(2), 101),
-    "init": Key(choice(INITS), "noise"),
-    "noise": Key(_nonnegative, 1e-3),
-    "particles": Key(integer(0), 2000),
-    "rtol": Key(number(positive=True), 1e-8),
-    "atol": Key(number(positive=True), 1e-8),
+    "N": Key(
+        integer(8),
+        1024,
+        doc="Cells of the finite-volume grid on the circle [0, 2π), ≥ 8.",
+    ),
+    "beta": Key(
+        number(positive=True),
+        30.0,
+        doc="Temperature β of the attention, whose matrices are V = I and "
+        "A = β I, > 0.",
+    ),
+    "attention": Key(
+        choice(ATTENTIONS),
+        "softmax",
+        doc='`"softmax"` or `"unnormalized"` (the kernel e^(β cos(θ − θ′)) '
+        "without the softmax normalisation).",
+    ),
+    "t1": Key(number(positive=True), 25.0, doc="Final time, > 0."),
+    "saves": Key(
+        integer(2),
+        101,
+        doc="Number of save times, evenly spaced on [0, t1] with both ends, ≥ 2.",
+    ),
+    "init": Key(
+        choice(INITS),
+        "noise",
+        doc='Initial density, normalised to mass 1: `"noise"` (uniform, times '
+        '1 + noise · N(0, 1) in each cell) or `"smooth"` '
+        "(e^(2 cos θ + 0.5 cos(3θ − 1)), times the same noise).",
+    ),
+    "noise": Key(
+        _nonnegative,
+        1e-3,
+        doc='Amplitude of the initial noise, in [0, 1); positive with `init = "noise"` '
+        "(the uniform density is a steady state).",
+    ),
+    "particles": Key(
+        integer(0),
+        2000,
+        doc="Tokens placed at the quantiles of the initial density and run beside "
+        "it, for the comparison (W1 to the density at every save time), ≥ 0 "
+        "(0: none).",
+    ),
+    "rtol": Key(
+        number(positive=True),
+        1e-8,
+        doc="Relative tolerance of the adaptive solver (density and particles), > 0.",
+    ),
+    "atol": Key(
+        number(positive=True),
+        1e-8,
+        doc="Absolute tolerance of the adaptive solver (density and particles), > 0.",
+    ),
 }
 
 

@@ -2,8 +2,8 @@
 
 Castin, Ablin, Carrillo & Peyre, "A Unified Perspective on the Dynamics of Deep
 Transformers" (2025): on a Gaussian N(alpha, Sigma) softmax, L2 and Sinkhorn
-attention are affine fields, so mu(t) stays Gaussian (docs/math.md §3). From
-the same initial Gaussian, softmax can blow up in finite time (when
+attention are affine fields, so mu(t) stays Gaussian (docs/math/gaussians.md).
+From the same initial Gaussian, softmax can blow up in finite time (when
 M = V A + A^T V^T has a positive direction), while L2 with K of full column rank
 and Sinkhorn exist for all time. A phase diagram maps the softmax blow-up time
 over the family A(s, r) = [[s, 1/2], [0, r]].
@@ -76,17 +76,60 @@ def _cov(value, key: str, cfg) -> list[list[float]]:
 
 #: The configuration: key -> (checker, default); d = 2 (the figures are planar).
 SCHEMA: dict = {
-    "mean": Key(_mean, [0.5, 0.0]),
-    "cov": Key(_cov, [[1.0, 0.3], [0.3, 0.5]]),
-    "t1": Key(number(positive=True), 3.0),
-    "V": Key(matrix(2, 2), [[1.0, 0.0], [0.0, 1.0]]),
-    "Q": Key(matrix(None, 2), [[1.0, 0.5], [0.0, 1.0]]),
+    "mean": Key(
+        _mean,
+        [0.5, 0.0],
+        doc="Mean of the initial Gaussian N(mean, cov): 2 numbers (the figures are "
+        "planar, d = 2).",
+    ),
+    "cov": Key(
+        _cov,
+        [[1.0, 0.3], [0.3, 0.5]],
+        doc="Covariance of the initial Gaussian: a 2 × 2 symmetric positive "
+        "definite matrix.",
+    ),
+    "t1": Key(
+        number(positive=True),
+        3.0,
+        doc="Final time of the softmax, L2 and Sinkhorn solves (saved at "
+        f"{NUM_SAVES} evenly spaced times on [0, t1]), > 0.",
+    ),
+    "V": Key(
+        matrix(2, 2),
+        [[1.0, 0.0], [0.0, 1.0]],
+        doc="Value matrix, 2 × 2, of every attention (the phase diagram's too).",
+    ),
+    "Q": Key(
+        matrix(None, 2),
+        [[1.0, 0.5], [0.0, 1.0]],
+        doc="Query matrix, k × 2 for any k ≥ 1: L2 attention uses Q and K, softmax "
+        "and Sinkhorn attention the score ⟨A x, y⟩ with A = KᵀQ.",
+    ),
     # A = K^T Q: K has as many rows as Q.
-    "K": Key(matrix(lambda cfg: len(cfg["Q"]), 2), [[1.0, 0.0], [0.0, 1.0]]),
+    "K": Key(
+        matrix(lambda cfg: len(cfg["Q"]), 2),
+        [[1.0, 0.0], [0.0, 1.0]],
+        doc="Key matrix, k × 2 with as many rows as `Q` (see `Q`).",
+    ),
     "phase": {
-        "s_range": Key(grid_range, [-1.5, 1.5, 41]),
-        "r_range": Key(grid_range, [-1.5, 1.5, 41]),
-        "t_max": Key(number(positive=True), 5.0),
+        "s_range": Key(
+            grid_range,
+            [-1.5, 1.5, 41],
+            doc="[min, max, count]: the values of s in the family A(s, r) = "
+            f"[[s, {PHASE_COUPLING:g}], [0, r]] of the softmax blow-up phase "
+            "diagram, count ≥ 2 evenly spaced from min to max > min.",
+        ),
+        "r_range": Key(
+            grid_range,
+            [-1.5, 1.5, 41],
+            doc="[min, max, count]: the values of r in A(s, r), as `s_range`.",
+        ),
+        "t_max": Key(
+            number(positive=True),
+            5.0,
+            doc="Horizon of the phase diagram's solves, > 0: a cell that has not "
+            "blown up by t_max is drawn grey.",
+        ),
     },
 }
 
@@ -121,7 +164,7 @@ def phase_family(s, r) -> np.ndarray:
 
     M = A + A^T = [[2s, c], [c, 2r]] is negative semidefinite iff s, r <= 0 and
     4 s r >= c^2: there (V = I) softmax attention has no blow-up; elsewhere
-    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}) (docs/math.md §3).
+    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}) (docs/math/gaussians.md).
     """
     s, r = np.broadcast_arrays(np.asarray(s, float), np.asarray(r, float))
     A = np.zeros(s.shape + (2, 2))
@@ -133,7 +176,8 @@ def _draw_global_boundary(ax, s, r) -> None:
     """Dashed boundary of {M = A + A^T <= 0}: no blow-up for any Sigma0 when V = I.
 
     With V = I, Sigma' = Sigma M Sigma, so M negative semidefinite keeps Sigma
-    bounded; for A(s, r) this is s, r <= 0 and 4 s r >= c^2 (docs/math.md §3).
+    bounded; for A(s, r) this is s, r <= 0 and 4 s r >= c^2
+    (docs/math/gaussians.md).
     Cells outside it that are grey blow up after t_max.
     """
     fs, fr = np.linspace(s[0], s[-1], 400), np.linspace(r[0], r[-1], 400)
@@ -171,8 +215,8 @@ def run_gaussian(
     """Compare softmax, L2 and Sinkhorn attention on one Gaussian; draw figures.
 
     From N(mean, cov), solves the moment ODE (Castin, Ablin, Carrillo & Peyre,
-    2025; docs/math.md §3) to t1 with saveat = linspace(0, t1, 121) for softmax
-    (A = K^T Q), L2 (Q, K) and Sinkhorn (kernel "dot", A = K^T Q), all with the
+    2025; docs/math/gaussians.md) to t1 with saveat = linspace(0, t1, 121) for
+    softmax (A = K^T Q), L2 (Q, K) and Sinkhorn (kernel "dot", A = K^T Q), all with the
     value matrix V; then maps the softmax blow-up time over
     A(s, r) = [[s, 1/2], [0, r]] (`phase_family`) with `mf.gaussian.blowup_times`.
 

@@ -31,6 +31,7 @@ from .config import (
     integer,
     matrix,
     number,
+    one_of,
     optional,
     or_else,
     square,
@@ -42,34 +43,87 @@ DTYPES = ("float32", "float64")
 
 #: The configuration: key -> (checker, default).
 SCHEMA: dict = {
-    "A": Key(square(), [[-1.0, 0.0], [0.0, -1.0]]),
-    # Omitted: the identity of A's size.
+    "A": Key(
+        square(),
+        [[-1.0, 0.0], [0.0, -1.0]],
+        doc="Interaction matrix of the softmax head (score ⟨A x, y⟩): d × d for "
+        "any d ≥ 1, which sets the dimension of the tokens.",
+    ),
     "V": Key(
         or_else(
             lambda cfg: np.eye(len(cfg["A"])).tolist(),
             matrix(lambda cfg: len(cfg["A"]), lambda cfg: len(cfg["A"])),
-        )
+        ),
+        doc="Value matrix, d × d with the d of `A`. Omitted: the d × d identity.",
     ),
-    "R": Key(number(positive=True), 3.0),
-    "ns": Key(int_list(2, min_len=2), [16, 32, 64, 128, 256, 512, 1024, 2048]),
+    "R": Key(
+        number(positive=True),
+        3.0,
+        doc="Radius of the ball B_R that holds every token, > 0.",
+    ),
+    "ns": Key(
+        int_list(2, min_len=2),
+        [16, 32, 64, 128, 256, 512, 1024, 2048],
+        doc="Numbers of tokens n at which the constant is measured and the "
+        "log-log slopes fitted: at least two strictly increasing integers ≥ 2.",
+    ),
     "search": {
-        "max_n": Key(integer(0), 64),
-        "restarts": Key(integer(1), 2),
-        "steps": Key(integer(1), 400),
-        "inner": Key(integer(1), 3),
-        # Omitted: 0.02 R (the default of `adversarial_search`).
+        "max_n": Key(
+            integer(0),
+            64,
+            doc="The gradient search for the largest constant runs at every n ≤ "
+            "max_n of `ns`, ≥ 0 (0: no search).",
+        ),
+        "restarts": Key(
+            integer(1),
+            2,
+            doc="Random starts of the search, ≥ 1; one more starts from the "
+            "configuration of Castin, Ablin & Peyré (Prop. 3.4).",
+        ),
+        "steps": Key(integer(1), 400, doc="Projected Adam steps per start, ≥ 1."),
+        "inner": Key(
+            integer(1),
+            3,
+            doc="Power iterations per step that refresh the top singular vector of "
+            "the Jacobian, ≥ 1.",
+        ),
         "learning_rate": Key(
-            or_else(lambda cfg: 0.02 * cfg["R"], number(positive=True))
+            or_else(lambda cfg: 0.02 * cfg["R"], number(positive=True)),
+            doc="Adam step size, > 0. Omitted: 0.02 R.",
         ),
     },
     "real_model": {
-        "enabled": Key(boolean(), False),
-        "lengths": Key(int_list(1, min_len=2), [16, 32, 64, 128, 256]),
-        # Omitted: every layer.
-        "layers": Key(optional(int_list(0))),
-        "dtype": Key(choice(DTYPES), "float64"),
-        # The decoder experiment: the same layers under a causal mask.
-        "masked": Key(boolean(), False),
+        "enabled": Key(
+            boolean(),
+            False,
+            doc="Also measure every attention layer of the pretrained "
+            "all-MiniLM-L6-v2 on English text against the sequence length "
+            "(`real_model.png`); needs the optional model (extra `real-model`), "
+            "otherwise a configuration error.",
+        ),
+        "lengths": Key(
+            int_list(1, min_len=2),
+            [16, 32, 64, 128, 256],
+            doc="Sequence lengths n (the first n word pieces of the text): at least "
+            "two strictly increasing integers ≥ 1, at most the model's 512 "
+            "positions.",
+        ),
+        "layers": Key(
+            optional(int_list(0)),
+            doc="Layers to measure: strictly increasing indices from 0 to 5 (the "
+            "model has 6 layers). Omitted: every layer.",
+        ),
+        "dtype": Key(
+            choice(DTYPES),
+            "float64",
+            doc=f"Precision of the model and of the measurements: {one_of(DTYPES)}.",
+        ),
+        "masked": Key(
+            boolean(),
+            False,
+            doc="Measure the same layers under a causal mask (positions s_i = i/n), "
+            "the decoder setting.",
+        ),
     },
 }
 

@@ -40,21 +40,81 @@ def _heads(value, key: str, cfg) -> int:
 #: The configuration: key -> (checker, default). The default grid is the
 #: published one: 90 betas in [0.1, 9], 2048 systems of 32 tokens on S^1.
 SCHEMA: dict = {
-    "n": Key(integer(2), 32),
-    "d": Key(integer(1), 2),
-    "systems": Key(integer(1), 2048),
-    "betas": Key(grid_range, [0.1, 9.0, 90]),
-    "t1": Key(number(positive=True), 30.0),
-    "saves": Key(integer(2), 31),
-    "attention": Key(choice(ATTENTIONS), "softmax"),
-    "normalization": Key(choice(NORMALIZATIONS), "sphere"),
-    "masked": Key(boolean(), False),
-    "heads": Key(_heads, 1),
-    "eps": Key(_alignment_eps, 1e-3),
-    "rtol": Key(number(positive=True), 1e-5),
-    "atol": Key(number(positive=True), 1e-5),
-    "chunk_size": Key(integer(1), 4096),
-    "log_time": Key(boolean(), False),
+    "n": Key(integer(2), 32, doc="Tokens per system, ≥ 2."),
+    "d": Key(
+        integer(1),
+        2,
+        doc="Dimension: the tokens start uniform on the sphere S^(d−1), ≥ 1.",
+    ),
+    "systems": Key(
+        integer(1),
+        2048,
+        doc="Independent systems per β, whose fractions of merged pairs are "
+        "averaged, ≥ 1.",
+    ),
+    "betas": Key(
+        grid_range,
+        [0.1, 9.0, 90],
+        doc="[min, max, count]: count ≥ 2 temperatures β evenly spaced from "
+        "min > 0 to max > min; the attention has V = I and A = β I.",
+    ),
+    "t1": Key(number(positive=True), 30.0, doc="Final time, > 0."),
+    "saves": Key(
+        integer(2),
+        31,
+        doc="Number of save times, evenly spaced on [0, t1] with both ends, ≥ 2.",
+    ),
+    "attention": Key(
+        choice(ATTENTIONS),
+        "softmax",
+        doc='`"softmax"` or `"unnormalized"` (the kernel e^(β⟨x, y⟩) without the '
+        "softmax normalisation).",
+    ),
+    "normalization": Key(
+        choice(NORMALIZATIONS),
+        "sphere",
+        doc='Where the LayerNorm sits: `"sphere"` (post-LN, tokens on the unit '
+        'sphere), `"none"` (tokens in ℝ^d), `"pre-ln"`, `"peri-ln"` or `"ngpt"`, '
+        "as for `meanfield simulate`.",
+    ),
+    "masked": Key(
+        boolean(),
+        False,
+        doc="Causal attention: token i attends to the tokens j ≤ i.",
+    ),
+    "heads": Key(
+        _heads,
+        1,
+        doc="Attention heads, each acting on a block of d/heads coordinates; must "
+        "divide d.",
+    ),
+    "eps": Key(
+        _alignment_eps,
+        1e-3,
+        doc="Two tokens count as merged when their directions have "
+        "⟨θ_i, θ_j⟩ > 1 − eps; in (0, 2).",
+    ),
+    "rtol": Key(
+        number(positive=True),
+        1e-5,
+        doc="Relative tolerance of the adaptive solver, > 0.",
+    ),
+    "atol": Key(
+        number(positive=True),
+        1e-5,
+        doc="Absolute tolerance of the adaptive solver, > 0.",
+    ),
+    "chunk_size": Key(
+        integer(1),
+        4096,
+        doc="Systems solved per compiled call, ≥ 1: it bounds the memory, "
+        "O(chunk_size · saves · n²).",
+    ),
+    "log_time": Key(
+        boolean(),
+        False,
+        doc="Draw the figure's time axis on a logarithmic scale.",
+    ),
 }
 
 

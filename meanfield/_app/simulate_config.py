@@ -30,6 +30,7 @@ from .config import (
     is_number,
     matrix,
     number,
+    one_of,
     optional,
 )
 
@@ -96,37 +97,157 @@ def _segments(value, key, cfg) -> int:
 
 #: The configuration: key -> (checker, default); None defaults are documented.
 SCHEMA: dict = {
-    "n": Key(integer(2), 256),
-    "d": Key(integer(1), 3),
-    "t1": Key(number(positive=True), 15.0),
-    "saves": Key(integer(2), 121),
-    "initial": Key(choice(INITIALS), "sphere"),
-    "scale": Key(number(positive=True), 1.0),
-    "normalization": Key(choice(NORMALIZATIONS), "sphere"),
-    "masked": Key(boolean(), False),
-    "dtype": Key(choice(DTYPES), "float32"),
-    "solver": Key(choice(SOLVERS), "tsit5"),
-    "rtol": Key(number(positive=True), 1e-6),
-    "atol": Key(number(positive=True), 1e-6),
-    # Omitted: adaptive steps; a number: fixed steps of that size.
-    "dt0": Key(_dt0),
-    "max_steps": Key(integer(1), 100_000),
-    "blowup_radius": Key(number(positive=True), 1e8),
-    "segments": Key(_segments, 20),
-    # Omitted: the automatic tolerance of `mf.clustering`.
-    "cluster_tol": Key(optional(number(positive=True))),
-    "animation": Key(choice(ANIMATIONS), "gif"),
+    "n": Key(integer(2), 256, doc="Number of tokens, an integer ≥ 2."),
+    "d": Key(
+        integer(1),
+        3,
+        doc="Dimension of the tokens (in ℝ^d, or on the sphere S^(d−1)), ≥ 1.",
+    ),
+    "t1": Key(
+        number(positive=True),
+        15.0,
+        doc="Final time of the dynamics (the depth of the continuous-time "
+        "Transformer), > 0.",
+    ),
+    "saves": Key(
+        integer(2),
+        121,
+        doc="Number of save times, evenly spaced on [0, t1] with both ends, ≥ 2.",
+    ),
+    "initial": Key(
+        choice(INITIALS),
+        "sphere",
+        doc='Initial tokens: `"sphere"` (uniform on the sphere of radius `scale`), '
+        '`"gaussian"` (N(0, scale² I)) or `"cube"` (uniform on [−scale, scale]^d).',
+    ),
+    "scale": Key(
+        number(positive=True),
+        1.0,
+        doc="Radius, standard deviation or half-width of the initial tokens (see "
+        "`initial`), > 0; no effect where `normalization` keeps the tokens on the "
+        "unit sphere.",
+    ),
+    "normalization": Key(
+        choice(NORMALIZATIONS),
+        "sphere",
+        doc='Where the LayerNorm sits: `"sphere"` (post-LN, tokens on the unit '
+        'sphere), `"none"` (tokens in ℝ^d), `"pre-ln"` or `"peri-ln"` (free '
+        'residual stream, attention sees the directions x/‖x‖) or `"ngpt"` (on the '
+        "sphere, normalised attention output).",
+    ),
+    "masked": Key(
+        boolean(),
+        False,
+        doc="Causal attention: token i attends to the tokens j ≤ i (positions "
+        "s_i = i/n); refused for a family that cannot be masked (`sinkhorn`).",
+    ),
+    "dtype": Key(
+        choice(DTYPES),
+        "float32",
+        doc=f"Floating-point precision of the tokens and matrices: {one_of(DTYPES)}.",
+    ),
+    "solver": Key(
+        choice(SOLVERS),
+        "tsit5",
+        doc=f'ODE solver: {one_of(SOLVERS)}; all adaptive except `"euler"`, which '
+        "takes fixed steps and needs `dt0`.",
+    ),
+    "rtol": Key(
+        number(positive=True),
+        1e-6,
+        doc="Relative tolerance of the adaptive step-size control, > 0 (unused "
+        "with fixed steps).",
+    ),
+    "atol": Key(
+        number(positive=True),
+        1e-6,
+        doc="Absolute tolerance of the adaptive step-size control, > 0 (unused "
+        "with fixed steps).",
+    ),
+    "dt0": Key(
+        _dt0,
+        doc="A step size > 0: every solver then takes constant steps of that size. "
+        'Omitted: adaptive steps (not allowed with `solver = "euler"`).',
+    ),
+    "max_steps": Key(
+        integer(1),
+        100_000,
+        doc="Step budget of each segment, ≥ 1; running out ends the run with "
+        "status `max_steps`.",
+    ),
+    "blowup_radius": Key(
+        number(positive=True),
+        1e8,
+        doc="The run stops with status `blowup` when max_i ‖x_i‖ reaches this "
+        "radius, > 0 (and above the initial radius).",
+    ),
+    "segments": Key(
+        _segments,
+        20,
+        doc="Number of segments the run is cut into, from 1 to `saves` − 1; "
+        "`checkpoint.npz` is written after each (see `--resume`).",
+    ),
+    "cluster_tol": Key(
+        optional(number(positive=True)),
+        doc="Distance at which tokens count as one cluster (single linkage), > 0. "
+        "Omitted: chosen at every save time from the gaps between the merge "
+        "heights.",
+    ),
+    "animation": Key(
+        choice(ANIMATIONS),
+        "gif",
+        doc='Animation of the tokens: `"gif"` (`tokens.gif`), `"mp4"` '
+        '(`tokens.mp4`, needs ffmpeg) or `"none"`.',
+    ),
     "attention": {
-        "kind": Key(choice(FAMILIES), "softmax"),
-        # A number c means c I; otherwise a (d, d) matrix (Q, K: (k, d)).
-        "V": Key(param(_d, _d), 1.0),
-        # Omitted: A = I where the family takes A, else Q = K = I.
-        "A": Key(optional(param(_d, _d))),
-        "Q": Key(optional(param(None, _d))),
-        "K": Key(optional(param(_k_rows, _d))),
-        "sinkhorn_kernel": Key(choice(SINKHORN_KERNELS), "dot"),
-        "sinkhorn_max_iter": Key(integer(0), 1000),
-        "blocking": Key(choice(BLOCKING), "auto"),
+        "kind": Key(
+            choice(FAMILIES),
+            "softmax",
+            doc=f"Attention family: {one_of(FAMILIES)}.",
+        ),
+        "V": Key(
+            param(_d, _d),
+            1.0,
+            doc="Value matrix: a number c for c I, or a d × d matrix (a list of rows).",
+        ),
+        "A": Key(
+            optional(param(_d, _d)),
+            doc="Interaction matrix A = KᵀQ of the score ⟨A x, y⟩: a number c for "
+            "c I, or a d × d matrix; not with `Q` and `K`. Omitted: A = I where the "
+            "family takes A and `Q`, `K` are not given.",
+        ),
+        "Q": Key(
+            optional(param(None, _d)),
+            doc="Query matrix: a number c for c I, or a k × d matrix; given with "
+            "`K`, instead of `A`. Omitted: Q = I where the family needs Q and K "
+            '(`"l2"`, or `sinkhorn_kernel = "l2"`), otherwise unused.',
+        ),
+        "K": Key(
+            optional(param(_k_rows, _d)),
+            doc="Key matrix, with as many rows as `Q`: a number c for c I, or a "
+            "k × d matrix. Omitted: K = I where Q = I is taken (see `Q`).",
+        ),
+        "sinkhorn_kernel": Key(
+            choice(SINKHORN_KERNELS),
+            "dot",
+            doc='Kernel of the `"sinkhorn"` family: `"dot"` (e^⟨A x, y⟩) or '
+            '`"l2"` (e^(−‖Q x − K y‖²), with `Q` and `K`); ignored by the other '
+            "families.",
+        ),
+        "sinkhorn_max_iter": Key(
+            integer(0),
+            1000,
+            doc='Maximum number of Sinkhorn iterations of the `"sinkhorn"` family, '
+            "≥ 0 (0 gives softmax attention); ignored by the other families.",
+        ),
+        "blocking": Key(
+            choice(BLOCKING),
+            "auto",
+            doc='How the n × n interactions are evaluated: `"auto"` (blocked for '
+            'large n), `"dense"`, `"blocked"` (memory O(n)) or `"fused"` (one '
+            'GPU kernel; not for `"sinkhorn"`); used by `"softmax"`, `"l2"` and '
+            '`"sinkhorn"`, ignored by the other families.',
+        ),
     },
 }
 

@@ -193,6 +193,9 @@ class AbstractAttention(eqx.Module):
       `covariance_growth_rate` (Gaussian moment ODE).
     - `flat_heads`: the attention as a sum of single-family heads W_h Gamma_h, the
       one recursion over multi-head attention that every analysis uses.
+
+    See [Velocity fields][math-velocity-fields] for the families, and
+    [The support stays bounded][math-bounded-support] for what `normalised` implies.
     """
 
     normalised: eqx.AbstractClassVar[bool]
@@ -253,7 +256,9 @@ class AbstractAttention(eqx.Module):
     def gaussian_field(
         self, mean: Float[Array, " d"], cov: Float[Array, "d d"], t
     ) -> tuple[Float[Array, "d d"], Float[Array, " d"]] | None:
-        """(B, b) with Gamma_mu(x) = B x + b on mu = N(mean, cov) (docs/math.md §3).
+        """(B, b) with Gamma_mu(x) = B x + b on mu = N(mean, cov).
+
+        Derivations: docs/math/gaussians.md.
 
         Args:
             mean: alpha, shape (d,).
@@ -278,7 +283,7 @@ class AbstractAttention(eqx.Module):
 
         Q orthogonal (`frame`), r > 0 (`scales`, any spread), U unit upper
         triangular (`unit`). The Gaussian study's frame coordinates keep Sigma so
-        (docs/math.md §4): its small directions are known to full relative
+        (docs/math/blowup.md): its small directions are known to full relative
         precision even when r spans many orders of magnitude. Families whose field
         inverts a Sigma-dependent matrix override this to keep that precision; the
         default forms Sigma, which is exact for fields linear in Sigma (None
@@ -412,6 +417,9 @@ class AbstractKernelAttention(AbstractAttention):
     l_ij = <q_i, keys_j> + key_bias_j, the log-kernel up to per-row constants.
     The evaluation is dense (one (m, n) logits matrix) or blocked (`_blocked`,
     O(block_size^2) memory, masked key blocks skipped) by `blocking`.
+
+    See [Normalised kernels][math-normalised-kernels] for the derivation and
+    [The blocked online softmax][math-online-softmax] for the blocked evaluation.
     """
 
     V: eqx.AbstractVar[Param]

@@ -24,7 +24,11 @@ from .registry import register
 
 
 class AbstractIllPosedAttention(AbstractAttention):
-    """Unnormalised kernel attention on the bilinear score s = <A x, y>."""
+    """Unnormalised kernel attention on the bilinear score s = <A x, y>.
+
+    See [Unnormalised kernels][math-unnormalised]: nothing bounds the field, and the
+    dynamics can blow up in finite time.
+    """
 
     V: Param
     A: Param | None
@@ -62,7 +66,10 @@ class AbstractIllPosedAttention(AbstractAttention):
 
 @register("unnormalized")
 class UnnormalizedAttention(AbstractIllPosedAttention):
-    """k(x, y) = exp(<A x, y>), no normalisation (evaluated in log-sum-exp form)."""
+    """k(x, y) = exp(<A x, y>), no normalisation (evaluated in log-sum-exp form).
+
+    See [Unnormalised kernels][math-unnormalised].
+    """
 
     def _kernel_sum(self, scores, weights, values, mask):
         return _kernels.exp_kernel_sum(
@@ -72,7 +79,10 @@ class UnnormalizedAttention(AbstractIllPosedAttention):
 
 @register("linear")
 class LinearAttention(AbstractIllPosedAttention):
-    """k(x, y) = <A x, y>."""
+    """k(x, y) = <A x, y>.
+
+    See [Unnormalised kernels][math-unnormalised].
+    """
 
     def _kernel_sum(self, scores, weights, values, mask):
         return _kernels.kernel_sum(scores, weights, values, mask)
@@ -80,7 +90,10 @@ class LinearAttention(AbstractIllPosedAttention):
 
 @register("relu")
 class ReLUAttention(AbstractIllPosedAttention):
-    """k(x, y) = ReLU(<A x, y>)."""
+    """k(x, y) = ReLU(<A x, y>).
+
+    See [Unnormalised kernels][math-unnormalised].
+    """
 
     def _kernel_sum(self, scores, weights, values, mask):
         return _kernels.kernel_sum(jax.nn.relu(scores), weights, values, mask)
@@ -88,7 +101,10 @@ class ReLUAttention(AbstractIllPosedAttention):
 
 @register("sigmoid")
 class SigmoidAttention(AbstractIllPosedAttention):
-    """k(x, y) = sigmoid(<A x, y>)."""
+    """k(x, y) = sigmoid(<A x, y>).
+
+    See [Unnormalised kernels][math-unnormalised].
+    """
 
     def _kernel_sum(self, scores, weights, values, mask):
         return _kernels.kernel_sum(jax.nn.sigmoid(scores), weights, values, mask)

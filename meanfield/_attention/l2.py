@@ -24,6 +24,9 @@ class L2Attention(AbstractKernelAttention):
     -|Qx - Ky|^2 = 2<Qx, Ky> - |Ky|^2 - |Qx|^2; the last term is constant in y and
     cancels in the normalisation, so it is dropped (matmuls only).
 
+    See [The families][math-kernel-families] (the L2 kernel of Kim, Papamakarios & Mnih,
+    2021) and [Gaussians][math-gaussian-l2] for its field on a Gaussian.
+
     Args:
         V: value matrix (d, d), or a function of t.
         Q: query matrix (k, d).
@@ -74,7 +77,8 @@ class L2Attention(AbstractKernelAttention):
     def gaussian_field(self, mean, cov, t):
         """B = 2 V D Sigma A, b = V D alpha with D = (I + 2 Sigma K^T K)^{-1}.
 
-        The tilted Gaussian has precision Sigma^{-1} + 2 K^T K (docs/math.md §3).
+        The tilted Gaussian has precision Sigma^{-1} + 2 K^T K
+        (docs/math/gaussians.md).
         """
         d = mean.shape[0]
         V = param_at(self.V, t, "V", (d, d))

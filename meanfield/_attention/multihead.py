@@ -16,6 +16,9 @@ class MultiHeadAttention(AbstractAttention):
     Analyses see it through `flat_heads`, the single-family heads with their
     composed output matrices.
 
+    See [The families][math-kernel-families], and [Gaussians][math-gaussian-multihead]
+    for its field on a Gaussian.
+
     Args:
         heads: a non-empty sequence of attention modules (any family, even mixed,
             or multi-head themselves).

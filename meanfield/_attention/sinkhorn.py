@@ -40,6 +40,8 @@ class SinkhornPotentials(eqx.Module):
     last step is a row normalisation) and sum_i w_i k_inf_ij = 1 up to
     `marginal_error`.
 
+    See [Sinkhorn attention][math-sinkhorn].
+
     Attributes:
         f: row potentials, shape (n,).
         g: column potentials, shape (n,).
@@ -103,11 +105,11 @@ def sinkhorn_gain(A, root) -> Float[Array, "d d"]:
     """S^T Sigma^{-1} for the entropic self-coupling of N(., Sigma), cost -<A x, y>.
 
     `root` is any F with F F^T = Sigma (the symmetric square root, or factors
-    that keep a graded Sigma's small directions). Stable form of docs/math.md
-    §3: S^T Sigma^{-1} = F X F^T A with X = 2 (I + (I + 4 G)^{1/2})^{-1} and
-    G = M M^T, M = F^T A F (symmetric PSD; F -> F O maps X to O^T X O, so the
-    product does not depend on the choice of F): one eigendecomposition of G, no
-    inverse of A or Sigma.
+    that keep a graded Sigma's small directions). Stable form of
+    docs/math/gaussians.md: S^T Sigma^{-1} = F X F^T A with
+    X = 2 (I + (I + 4 G)^{1/2})^{-1} and G = M M^T, M = F^T A F (symmetric PSD;
+    F -> F O maps X to O^T X O, so the product does not depend on the choice of
+    F): one eigendecomposition of G, no inverse of A or Sigma.
     """
     M = root.T @ A @ root
     G = M @ M.T
@@ -137,6 +139,9 @@ class SinkhornAttention(AbstractAttention):
 
     Kernel "dot": l(x, y) = <A x, y>. Kernel "l2": l(x, y) = -|Q x - K y|^2 (needs Q
     and K); it has the same limit as "dot" with A replaced by 2 K^T Q.
+
+    See [Sinkhorn attention][math-sinkhorn] for the iterations and
+    [Gaussians][math-gaussian-sinkhorn] for its closed form on a Gaussian.
 
     Args:
         V: value matrix (d, d), or a function of t.
@@ -301,10 +306,11 @@ class SinkhornAttention(AbstractAttention):
         return vel, ok
 
     def gaussian_field(self, mean, cov, t):
-        """B = V S^T Sigma^{-1}, b = V alpha - B alpha (Sander et al.; docs/math.md §3).
+        """B = V S^T Sigma^{-1}, b = V alpha - B alpha (Sander et al.).
 
-        S is the cross-covariance of the entropic self-coupling of N(alpha, Sigma)
-        (`sinkhorn_gain`); kernel "l2" has the limit of "dot" with A -> 2 K^T Q.
+        Derivation: docs/math/gaussians.md. S is the cross-covariance of the
+        entropic self-coupling of N(alpha, Sigma) (`sinkhorn_gain`); kernel "l2"
+        has the limit of "dot" with A -> 2 K^T Q.
         """
         return self._gain_field(mean, sym_sqrt(cov), t)
 

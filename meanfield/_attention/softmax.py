@@ -22,6 +22,9 @@ class SoftmaxAttention(AbstractKernelAttention):
 
     Gamma_mu(x) = int e^{<A x, y>} V y dmu(y) / int e^{<A x, y>} dmu(y).
 
+    See [Normalised kernels][math-normalised-kernels] for the kernel and its blocked
+    evaluation, and [Gaussians][math-gaussian-softmax] for its field on a Gaussian.
+
     Args:
         V: value matrix (d, d), or a function of t.
         A: interaction matrix A = K^T Q (d, d); give either A or both Q and K.

@@ -10,6 +10,8 @@ import dataclasses
 import numpy as np
 from jaxtyping import ArrayLike, Float
 
+from .._checks import reject_result
+from .._repr import fields_repr
 from ._checks import check_points, check_positive, check_weights
 from ._mst import cluster_labels, spanning_forest
 
@@ -82,6 +84,18 @@ class Clusters:
     method: str
     gap: float | None
 
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            number=self.number,
+            tol=self.tol,
+            method=self.method,
+            gap=self.gap,
+            sizes=self.sizes,
+            labels=self.labels,
+            centres=self.centres,
+        )
+
 
 def _summarise(x, weights, labels, tol, method, gap) -> Clusters:
     k = int(labels.max()) + 1
@@ -151,6 +165,9 @@ def detect(
     in d = 2 (exact, not the MST of a neighbour graph: edges missing from the
     neighbour lists are searched in the tree when they could be shorter).
 
+    See [Single linkage][math-single-linkage] and
+    [Automatic tolerance][math-cluster-tolerance].
+
     Args:
         x: points, shape (n, d).
         tol: merging distance (> 0), or None for the automatic rule above.
@@ -165,7 +182,10 @@ def detect(
         ValueError: `x` is not a finite (n, d) array, `tol` or `min_gap` is not a
             positive finite number (min_gap must be > 1), or `weights` is not a
             nonnegative (n,) array.
+        TypeError: `x` is a `Solution` (pass `sol.x[i]` for save time i) or a
+            measure (pass its positions `.x`).
     """
+    reject_result(x, "x", "detect")
     x = check_points(x)
     n = x.shape[0]
     w = check_weights(weights, n)
@@ -188,6 +208,8 @@ def clusters(
 
     `detect` with its default options, returning only the labels and the number.
 
+    See [Single linkage][math-single-linkage].
+
     Args:
         x: points, shape (n, d).
         tol: merging distance (> 0), or None for `detect`'s automatic tolerance
@@ -199,6 +221,9 @@ def clusters(
 
     Raises:
         ValueError: `x` is not a finite (n, d) array or `tol` is not positive.
+        TypeError: `x` is a `Solution` (pass `sol.x[i]` for save time i) or a
+            measure (pass its positions `.x`).
     """
+    reject_result(x, "x", "clusters")
     found = detect(x, tol)
     return found.labels, found.number

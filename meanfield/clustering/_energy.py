@@ -3,7 +3,7 @@
     E_beta(mu) = 1/(2 beta) sum_ij w_i w_j e^{beta <x_i, x_j>}
 
 is the Lyapunov function of the sphere dynamics with A = beta I, V = I: it does not
-decrease along softmax or unnormalised attention (docs/math.md §8). Its plateaus
+decrease along softmax or unnormalised attention (docs/math/energy.md). Its plateaus
 in log time are the metastable states of Geshkovski, Koubbi, Polyanskiy &
 Rigollet ("Dynamic metastability in the self-attention model", 2024) and Bruno,
 Pasqualotto & Agazzi (ICLR 2025): an "energy staircase", one step per merge of
@@ -39,6 +39,8 @@ def energy(
     Computed as a blocked log-sum-exp in O(n) memory. E grows like e^{beta}
     on the unit sphere: `log=True` returns log E, finite for any beta (E itself
     overflows float64 beyond beta ~ 700).
+
+    See [The energy increases along the dynamics][math-energy-monotone].
 
     Args:
         state: a measure (`Particles`, `MaskedParticles`: positions and weights),

@@ -5,7 +5,7 @@ clusters merge on time scales that grow like e^{c beta} (Geshkovski, Koubbi,
 Polyanskiy & Rigollet, 2024; Bruno, Pasqualotto & Agazzi, ICLR 2025). A cluster
 whose atoms lie within `tol` of each other moves, to O(tol^2), like one atom of
 its total weight at its weighted mean (the first-order term of the kernel's
-Taylor expansion cancels at the mean, docs/math.md §8). `simulate_merging`
+Taylor expansion cancels at the mean, docs/math/energy.md). `simulate_merging`
 replaces each such cluster by that atom between segments of the solve, so a run
 to t = 10^8 costs a few hundred steps of a few atoms instead of a stiff system of
 n tokens.
@@ -24,11 +24,12 @@ from scipy.spatial import cKDTree
 
 from .. import _dynamics, _normalization
 from .._attention.base import AbstractAttention
-from .._checks import check_tolerances
+from .._checks import check_tolerances, reject_result
 from .._clock import diffeqsolve_in_jit
 from .._linalg import row_norms
 from .._measures import AbstractParticles, MaskedParticles, Particles
 from .._normalization import ON_SPHERE
+from .._repr import fields_repr
 from .._status import FAILED, MAX_STEPS, SUCCESS
 from .._status import name as status_name
 from .._step_floor import FlooredPIDController
@@ -56,6 +57,8 @@ def merge(
     exactly (the velocity field of the merged measure is the same); atoms within
     tol change it by O(tol^2).
 
+    See [Merging atoms][math-merging] for why the field changes by O(tol^2).
+
     Args:
         measure: `Particles`, shape (n, d) (not masked: merging tokens of
             different positions s would change who attends to whom).
@@ -70,6 +73,7 @@ def merge(
 
     Raises:
         ValueError: masked particles, non-finite positions, tol not positive.
+        TypeError: `measure` is a `Solution` (pass `sol.measure(i)`).
     """
     if isinstance(measure, MaskedParticles):
         raise ValueError(
@@ -77,6 +81,14 @@ def merge(
             "positions would change the causal mask."
         )
     if not isinstance(measure, AbstractParticles):
+        reject_result(
+            measure,
+            "measure",
+            "merge",
+            expected="Particles",
+            take="sol.measure({i})",
+            positions=False,
+        )
         raise ValueError(f"`measure` must be Particles; got {type(measure).__name__}.")
     tol = check_positive(tol, "tol")
     x = np.asarray(measure.x)
@@ -116,6 +128,19 @@ class MergingSolution:
     beta: float | None
     status: str
     num_steps: int
+
+    def __repr__(self) -> str:
+        reached = np.flatnonzero(self.counts > 0)
+        return fields_repr(
+            self,
+            status=self.status,
+            num_steps=self.num_steps,
+            t_final=self.ts[reached[-1]] if reached.size else np.nan,
+            atoms=self.counts[reached[-1]] if reached.size else 0,
+            beta=self.beta,
+            ts=self.ts,
+            x=self.x,
+        )
 
     @property
     def energy(self) -> np.ndarray | None:
@@ -271,12 +296,14 @@ def simulate_merging(
     of an exponentially long run. Atom counts are padded to powers of two, so at
     most log2(n) + 1 solves are compiled.
 
+    See [Why merge during the run][math-merging-why] and [Merging atoms][math-merging].
+
     Args:
         mu: initial unmasked `Particles` (n, d).
         attn: the attention field.
         t1: final time; must equal saveat[-1].
         merge_tol: merging distance, > 0. A merge perturbs the field by
-            O(merge_tol^2) (docs/math.md §8); tokens of one cluster approach
+            O(merge_tol^2) (docs/math/energy.md); tokens of one cluster approach
             each other exponentially fast, so a small tolerance costs little.
         saveat: save times (T,), strictly increasing from t0 to t1 (a log-spaced
             grid suits metastable runs).
@@ -299,8 +326,17 @@ def simulate_merging(
     Raises:
         ValueError: masked particles, merge_tol not positive, saveat not
             increasing from t0 to t1, a fixed-step solver.
+        TypeError: `mu` is a `Solution` (pass `sol.measure(i)`).
     """
     if isinstance(mu, MaskedParticles) or not isinstance(mu, AbstractParticles):
+        reject_result(
+            mu,
+            "mu",
+            "simulate_merging",
+            expected="unmasked Particles",
+            take="sol.measure({i})",
+            positions=False,
+        )
         raise ValueError(f"`mu` must be unmasked Particles; got {type(mu).__name__}.")
     merge_tol = check_positive(merge_tol, "merge_tol")
     check_tolerances(rtol, atol)

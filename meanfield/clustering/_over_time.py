@@ -11,6 +11,8 @@ import dataclasses
 import numpy as np
 from jaxtyping import ArrayLike, Float
 
+from .._checks import reject_result
+from .._repr import fields_repr
 from ._checks import check_points, check_positive, check_trajectory
 from ._detect import MIN_GAP, detect
 from ._rescale import rescale
@@ -37,6 +39,9 @@ class ClusterCounts:
     counts: np.ndarray
     tol: np.ndarray
     method: np.ndarray
+
+    def __repr__(self) -> str:
+        return fields_repr(self, counts=self.counts, ts=self.ts, tol=self.tol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +130,10 @@ def diameter(x: Float[ArrayLike, "n d"]) -> float:
 
     Raises:
         ValueError: `x` is not a finite (n, d) array.
+        TypeError: `x` is a `Solution` (pass `sol.x[i]` for save time i) or a
+            measure (pass its positions `.x`).
     """
+    reject_result(x, "x", "diameter")
     x = check_points(x)
     radius = float(np.linalg.norm(x - x[0], axis=1).max())
     if radius == 0:
@@ -149,6 +157,8 @@ def consensus_time(
     max_{i,j} |x_i - x_j| <= tol (1e-3 by default: on the unit sphere, far below
     the O(1) distances between metastable clusters). In R^d pass V to measure the
     rescaled tokens e^{-tV} x(t) instead.
+
+    See [Consensus time][math-consensus].
 
     Args:
         sol: a `Solution` (anything with `ts` (T,) and `x` (T, n, d)).

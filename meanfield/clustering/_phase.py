@@ -5,7 +5,7 @@ Transformers", 2023) draw, for n tokens uniform on the sphere with A = beta I an
 V = I, the fraction of token pairs that have merged as a function of beta and t.
 `phase_diagram` computes that heat map from `mf.simulate_ensemble` solves, and
 `equiangular_time` the curve it is compared with: n tokens with all pairwise inner
-products equal to rho stay equiangular, with (docs/math.md §7)
+products equal to rho stay equiangular, with (docs/math/clusters.md)
 
     rho' = 2 (1 - rho) ((n - 1) rho + 1) / (e^{beta (1 - rho)} + n - 1).
 """
@@ -23,8 +23,11 @@ from scipy.integrate import quad
 from .._attention.ill_posed import UnnormalizedAttention
 from .._attention.multihead import MultiHeadAttention
 from .._attention.softmax import SoftmaxAttention
+from .._checks import reject_result
+from .._dynamics import Solution
 from .._ensemble import simulate_ensemble
 from .._measures import MaskedParticles, Particles
+from .._repr import fields_repr
 from .._status import SUCCESS
 
 ATTENTIONS = ("softmax", "unnormalized")
@@ -42,21 +45,29 @@ def _aligned_fraction(x, eps):
     return jnp.where(jnp.all(jnp.isfinite(x)), fraction, jnp.nan)
 
 
-def pair_alignment(x: Float[Array, "... n d"], eps: float = 1e-3) -> Array:
+def pair_alignment(x: Float[Array, "... n d"] | Solution, eps: float = 1e-3) -> Array:
     """Fraction of token pairs i != j with aligned directions: <θᵢ, θⱼ> > 1 − eps.
+
+    See [Pair alignment and phase diagrams][math-phase-diagram].
 
     Args:
         x: tokens, shape (..., n, d), any leading axes (systems, save times).
-            θᵢ = xᵢ / |xᵢ|.
+            θᵢ = xᵢ / |xᵢ|. A `Solution` stands for its tokens `sol.x` (T, n, d)
+            at every save time ((B, T, n, d) for `mf.simulate_ensemble`).
         eps: alignment tolerance on the inner product of directions.
 
     Returns:
-        Shape (...): 1 when every pair is aligned (one cluster); NaN where a
-        system holds a non-finite token (a save after a blow-up).
+        Shape (...) ((T,) for a `Solution`): 1 when every pair is aligned (one
+        cluster); NaN where a system holds a non-finite token (a save after a
+        blow-up, a save time not reached).
 
     Raises:
         ValueError: x with fewer than 2 tokens or fewer than 2 axes, eps outside (0, 2).
+        TypeError: `x` is another result (e.g. a `MergingSolution`) or a measure.
     """
+    if isinstance(x, Solution):  # unreached save times hold +inf: NaN below
+        x = x.x
+    reject_result(x, "x", "pair_alignment", expected="an array of tokens (..., n, d)")
     x = jnp.asarray(x)
     if x.ndim < 2 or x.shape[-2] < 2:
         raise ValueError(f"`x` must have shape (..., n, d) with n >= 2; got {x.shape}.")
@@ -70,7 +81,10 @@ def pair_alignment(x: Float[Array, "... n d"], eps: float = 1e-3) -> Array:
 
 
 def equiangular_rate(rho, beta: float, n: int):
-    """Rate rho' of n equiangular tokens on the sphere (softmax, A = beta I, V = I)."""
+    """Rate rho' of n equiangular tokens on the sphere (softmax, A = beta I, V = I).
+
+    See [Equiangular tokens][math-equiangular] for the derivation.
+    """
     rho = np.asarray(rho, np.float64)
     return 2 * (1 - rho) * ((n - 1) * rho + 1) / (np.exp(beta * (1 - rho)) + n - 1)
 
@@ -82,6 +96,8 @@ def equiangular_time(
 
     t = ∫ d rho / rho'(rho) from rho0 to 1 - eps (adaptive quadrature; the rate
     is positive on (-1/(n-1), 1)).
+
+    See [Equiangular tokens][math-equiangular] for the derivation.
 
     Raises:
         ValueError: rho0 outside (-1/(n-1), 1 - eps).
@@ -121,6 +137,17 @@ class PhaseDiagram(eqx.Module):
     n: int = eqx.field(static=True)
     eps: float = eqx.field(static=True)
 
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            n=self.n,
+            eps=self.eps,
+            betas=self.betas,
+            completed=self.completed,
+            ts=self.ts,
+            density=self.density,
+        )
+
     def theory(self, rho0: float = 0.0) -> np.ndarray:
         """Equiangular merging time of each beta (K,), from <θᵢ, θⱼ> = rho0."""
         return np.array(
@@ -135,6 +162,8 @@ def head_attention(beta, d: int, attention: str = "softmax", heads: int = 1):
     a Transformer layer whose heads see slices of the stream: head h attends with
     A_h = beta P_h and writes back V_h = P_h (P_h the projector on block h), so
     Gamma = sum_h P_h Gamma_h. heads = 1 is the single head V = I, A = beta I.
+
+    See [Heads][math-phase-heads].
     """
     family = SoftmaxAttention if attention == "softmax" else UnnormalizedAttention
     eye = jnp.eye(d, dtype=jnp.result_type(beta))
@@ -184,7 +213,11 @@ def phase_diagram(
     The default tolerance rtol = atol = 1e-5 keeps the integration error of the
     density below its Monte Carlo error: against solves at 1e-10 it was 5.5e-5
     and 3.3e-4 on two sets of 6 betas x 256 systems, while the standard error of
-    a mean over 2048 systems is 1.8e-3 (median over beta and t; docs/math.md §7).
+    a mean over 2048 systems is 1.8e-3 (median over beta and t;
+    docs/math/clusters.md).
+
+    See [Pair alignment and phase diagrams][math-phase-diagram] and
+    [The tolerance of a diagram][math-phase-tolerance].
 
     Args:
         betas: temperatures (K,), positive.

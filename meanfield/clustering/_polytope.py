@@ -13,6 +13,8 @@ from jaxtyping import ArrayLike, Float
 from scipy.optimize import nnls
 from scipy.spatial import ConvexHull
 
+from .._checks import reject_result
+from .._repr import fields_repr
 from ._checks import check_positive
 from ._detect import MIN_GAP, Clusters, detect
 
@@ -51,6 +53,17 @@ class Polytope:
     volume: float
     tol: float
     boundary_tol: float
+
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            dim=self.dim,
+            vertices=self.vertices,
+            fraction_at_vertices=self.fraction_at_vertices,
+            volume=self.volume,
+            tol=self.tol,
+            clusters=self.clusters,
+        )
 
 
 def _affine_coordinates(centres: np.ndarray, thickness: float) -> np.ndarray:
@@ -134,6 +147,8 @@ def polytope(
     an r-dimensional affine subspace (fewer than d + 1 of them, or coplanar) a
     polytope of dimension r; on_boundary then means the relative boundary.
 
+    See [The limit polytope][math-polytope].
+
     Args:
         z: points, shape (n, d).
         tol: clustering tolerance, or None for `detect`'s automatic rule.
@@ -148,7 +163,16 @@ def polytope(
 
     Raises:
         ValueError: bad `z`, `tol`, `weights`, `min_gap` or `boundary_tol`.
+        TypeError: `z` is a `Solution` (pass the rescaled tokens at one save
+            time, e.g. `rescale(sol, V)[-1]`) or a measure (pass `.x`).
     """
+    reject_result(
+        z,
+        "z",
+        "polytope",
+        expected="an array of rescaled tokens (n, d)",
+        take="rescale(sol, V)[{i}]",
+    )
     found = detect(z, tol, weights=weights, min_gap=min_gap)
     btol = (
         found.tol

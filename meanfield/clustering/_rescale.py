@@ -21,6 +21,8 @@ def rescale(sol, V: Float[ArrayLike, "d d"]) -> Float[Array, "T n d"]:
     with our own scaling and squaring (`meanfield._linalg.expm`), compiled once
     per shape.
 
+    See [Rescaling][math-rescaling].
+
     Args:
         sol: a `Solution`, or anything with `ts` (T,) and `x` (T, n, d).
         V: value matrix, shape (d, d).

@@ -8,6 +8,9 @@ median (Rabin, Delon & Gousseau, "Transportation distances on the circle", 2011)
 import numpy as np
 from jaxtyping import ArrayLike, Float
 
+from .._checks import reject_result
+from .._dynamics import Solution
+
 TWO_PI = 2 * np.pi
 
 
@@ -33,7 +36,15 @@ def arc_averages(rho, edges) -> np.ndarray:
     return np.diff(mass, axis=-1) / np.diff(edges)
 
 
-def _check_rho(rho) -> np.ndarray:
+def _check_rho(rho, where: str) -> np.ndarray:
+    reject_result(
+        rho,
+        "rho",
+        where,
+        expected="cell values of one density (N,)",
+        take="sol.rho[{i}]",
+        positions=False,
+    )
     rho = np.asarray(rho, np.float64)
     if rho.ndim != 1 or rho.size == 0 or not np.all(np.isfinite(rho)):
         raise ValueError(f"`rho` must be a finite (N,) array; got shape {rho.shape}.")
@@ -48,8 +59,10 @@ def sample_quantiles(rho: Float[ArrayLike, " N"], n: int) -> np.ndarray:
     The deterministic sample whose empirical measure is within W1 <= 2 pi / (2 n)
     of rho (a random sample is ~1 / sqrt(n) away): particles to compare with the
     density solver without Monte Carlo noise.
+
+    See [W1 on the circle][math-circle-w1].
     """
-    rho = _check_rho(rho)
+    rho = _check_rho(rho, "sample_quantiles")
     if int(n) < 1:
         raise ValueError(f"`n` must be a positive integer; got {n}.")
     faces, cdf = _cdf_of_cells(rho)
@@ -70,6 +83,8 @@ def circle_w1(
     step is placed exactly), so the result is within 2 pi / resolution of the
     exact distance. O(resolution + n log n).
 
+    See [W1 on the circle][math-circle-w1].
+
     Args:
         rho: cell values on [0, 2 pi), shape (N,), normalised here (the tiny
             negative values a solver may leave are taken as they are).
@@ -79,8 +94,21 @@ def circle_w1(
 
     Returns:
         The distance, in radians (at most pi).
+
+    Raises:
+        ValueError: `rho`, `angles` or `weights` malformed.
+        TypeError: `rho` is a `DensitySolution` (pass `sol.rho[i]`), or `angles`
+            a particle `Solution` (pass `angles(sol.x[i])`).
     """
-    rho = _check_rho(rho)
+    rho = _check_rho(rho, "circle_w1")
+    reject_result(
+        angles,
+        "angles",
+        "circle_w1",
+        expected="an array of angles (n,)",
+        take="mf.density.angles(sol.x[{i}])",
+        positions=False,
+    )
     angles = np.mod(np.asarray(angles, np.float64), TWO_PI)
     if angles.ndim != 1 or angles.size == 0 or not np.all(np.isfinite(angles)):
         raise ValueError("`angles` must be a finite (n,) array.")
@@ -115,8 +143,12 @@ def count_clusters(rho: Float[ArrayLike, " N"], level: float = 4.0) -> int:
 
     Returns:
         The number of arcs above the threshold (0 to N / 2).
+
+    Raises:
+        ValueError: `rho` not a finite (N,) array of positive mass, `level` <= 1.
+        TypeError: `rho` is a `DensitySolution` (pass `sol.rho[i]`).
     """
-    rho = _check_rho(rho)
+    rho = _check_rho(rho, "count_clusters")
     if not float(level) > 1:
         raise ValueError(f"`level` must be greater than 1; got {level}.")
     rho = rho / (rho.sum() * TWO_PI / rho.size)
@@ -127,9 +159,29 @@ def count_clusters(rho: Float[ArrayLike, " N"], level: float = 4.0) -> int:
     return int(np.sum(above & ~np.roll(above, 1)))
 
 
-def angles(x: Float[ArrayLike, "... 2"]) -> np.ndarray:
-    """Angles in [0, 2 pi) of points of the plane (tokens on S^1), shape (...)."""
+def angles(x: Float[ArrayLike, "... 2"] | Solution) -> np.ndarray:
+    """Angles in [0, 2 pi) of points of the plane (tokens on S^1).
+
+    Args:
+        x: points, shape (..., 2), any leading axes; or a particle `Solution` on
+            the circle (`simulate_particles`), for its tokens at every save time.
+
+    Returns:
+        The angles, shape (...); (T, n) for a `Solution`, NaN at the save times
+        it did not reach.
+
+    Raises:
+        ValueError: `x` not of shape (..., 2).
+        TypeError: `x` is another result or a measure (pass its positions `.x`).
+    """
+    reached = None
+    if isinstance(x, Solution):
+        reached, x = np.isfinite(np.asarray(x.ts)), x.x
+    reject_result(x, "x", "angles", expected="an array of points (..., 2)")
     x = np.asarray(x, np.float64)
     if x.ndim == 0 or x.shape[-1] != 2:
         raise ValueError(f"`x` must have shape (..., 2); got {x.shape}.")
-    return np.mod(np.arctan2(x[..., 1], x[..., 0]), TWO_PI)
+    theta = np.mod(np.arctan2(x[..., 1], x[..., 0]), TWO_PI)
+    if reached is not None:  # rows of +inf after an early stop are not angles
+        theta = np.where(reached[..., None], theta, np.nan)
+    return theta

@@ -7,7 +7,7 @@ normalization="sphere", written in the angle), the density rho(theta, t) solves
     v(theta) = int e^{beta cos(theta - phi)} sin(phi - theta) rho(phi) dphi [/ Z]
 
 with Z(theta) = int e^{beta cos(theta - phi)} rho(phi) dphi for softmax attention
-(docs/math.md §9). Both integrals are convolutions, evaluated by FFT with the
+(docs/math/density.md). Both integrals are convolutions, evaluated by FFT with the
 kernels' exact Fourier coefficients (modified Bessel functions): O(N log N) per
 evaluation. The flux rho v is upwinded at the cell faces from a MUSCL (minmod)
 reconstruction, so the semi-discrete scheme conserves mass exactly (the fluxes
@@ -27,6 +27,7 @@ from scipy.special import ive
 
 from .._checks import check_tolerances
 from .._clock import diffeqsolve_in_jit
+from .._repr import fields_repr
 
 ATTENTIONS = ("softmax", "unnormalized")
 # Status "negative" below this many atol (measured: -18 atol at N = 512).
@@ -43,9 +44,11 @@ def cell_centres(N: int) -> np.ndarray:
 def growth_rate(k, beta: float, attention: str = "softmax") -> np.ndarray:
     """Growth rate of the Fourier mode e^{ik theta} of the uniform density.
 
-    Linearising at rho = 1/(2 pi) (docs/math.md §9):
+    Linearising at rho = 1/(2 pi) (docs/math/density.md):
     lambda_k = k^2 I_k(beta) / (beta I_0(beta)) for softmax, k^2 I_k(beta) / beta
     unnormalised. Every mode k >= 1 grows; the fastest is near sqrt(2 beta).
+
+    See [Linear growth of the uniform state][math-density-growth] for the derivation.
     """
     k = np.abs(np.asarray(k, np.float64))
     beta = _check_beta(beta)
@@ -56,7 +59,10 @@ def growth_rate(k, beta: float, attention: str = "softmax") -> np.ndarray:
 
 
 def fastest_mode(beta: float, attention: str = "softmax") -> int:
-    """The mode k >= 1 of largest `growth_rate`: the clusters that emerge from noise."""
+    """The mode k >= 1 of largest `growth_rate`: the clusters that emerge from noise.
+
+    See [Linear growth of the uniform state][math-density-growth].
+    """
     beta = _check_beta(beta)
     k = np.arange(1, int(4 * np.sqrt(beta)) + 4)
     return int(k[np.argmax(growth_rate(k, beta, attention))])
@@ -138,6 +144,17 @@ class DensitySolution:
     beta: float
     attention: str
 
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            status=self.status,
+            num_steps=self.num_steps,
+            beta=self.beta,
+            attention=self.attention,
+            ts=self.ts,
+            rho=self.rho,
+        )
+
     @property
     def theta(self) -> np.ndarray:
         """The cells' centres, shape (N,)."""
@@ -191,6 +208,9 @@ def simulate(
     progress: bool = False,
 ) -> DensitySolution:
     """Evolve a density on the circle under attention with A = beta I, V = I.
+
+    See [The density on the circle][math-density] for the equation and
+    [A conservative, positive scheme][math-density-scheme] for the scheme.
 
     Args:
         rho0: cell values of the initial density on [0, 2 pi), shape (N,), N >= 4:

@@ -28,6 +28,8 @@ def simulate_particles(
     the particle system whose empirical measure the density approximates. Read
     the angles back with `density.angles(solution.x)`.
 
+    See [The density on the circle][math-density-equation].
+
     Args:
         theta: initial angles, shape (n,) (e.g. `sample_quantiles(rho0, n)`).
         t1: final time.

@@ -1,4 +1,4 @@
-"""The covariance ODE in a moving orthogonal frame (continuous QR; docs/math.md §4).
+"""The covariance ODE in a moving orthogonal frame (continuous QR; docs/math/blowup.md).
 
 Sigma' = B Sigma + Sigma B^T is Sigma = Y Y^T with Y' = B Y. Writing Y = Q R with Q
 orthogonal and R = diag(e^g) U upper triangular (U unit upper) and T = Q^T B Q:

@@ -1,7 +1,8 @@
 """Moment ODE of a Gaussian under attention dynamics, closed forms and blow-up.
 
 On mu = N(alpha, Sigma) the field is affine, Gamma(x) = B x + b, so mu(t) stays
-Gaussian with alpha' = B alpha + b and Sigma' = B Sigma + Sigma B^T (docs/math.md §3).
+Gaussian with alpha' = B alpha + b and Sigma' = B Sigma + Sigma B^T
+(docs/math/gaussians.md).
 """
 
 import math
@@ -27,6 +28,7 @@ from .._clock import (
 )
 from .._linalg import safe_eigh
 from .._measures import Gaussian
+from .._repr import fields_repr, status_brief
 from .._step_floor import FlooredPIDController, step_floor
 from ._velocity import _affine, check_supported
 
@@ -40,7 +42,7 @@ class GaussianSolution(eqx.Module):
         cov: Sigma(t), shape (T, d, d), symmetric.
         blowup_time: time at which lambda_max(Sigma) diverges (+inf if not on
             [t0, t1]); see `simulate`.
-        result: integer code; see `status`.
+        result: integer code (`mf.Status`); `status` gives its name.
         t_final: time at which integration stopped.
         num_steps: solver steps.
     """
@@ -54,9 +56,24 @@ class GaussianSolution(eqx.Module):
     num_steps: Int[Array, ""]
 
     @property
-    def status(self) -> str:
-        """'success' | 'blowup' | 'max_steps' | 'failed'."""
-        return _status.name(self.result)
+    def status(self) -> str | np.ndarray:
+        """'success' | 'blowup' | 'max_steps' | 'failed' (`mf.Status(result).label`).
+
+        An array of such names for a vmapped batch of solutions.
+        """
+        return _status.names(self.result)
+
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            status=status_brief(self.result),
+            blowup_time=self.blowup_time,
+            t_final=self.t_final,
+            num_steps=self.num_steps,
+            ts=self.ts,
+            mean=self.mean,
+            cov=self.cov,
+        )
 
     def gaussian(self, i: int) -> Gaussian:
         """The Gaussian at ts[i] (not re-validated)."""
@@ -72,9 +89,10 @@ def _value_rate(attn, t, d):
     """Growth rate r(t) of a blow-up-free run: |Sigma(t)| <= |Sigma0| e^{2 int r}.
 
     Per head, `covariance_growth_rate` where the family gives one (L2 with K of full
-    column rank: r = |V| |Q| / s_min(K), docs/math.md §3), else |V|_2: Sinkhorn
-    has r = |V|_2 (|S| <= |Sigma|); softmax has no such bound (B = V Sigma A grows
-    with Sigma) and |V|_2 is the reference rate. Multi-head: sum of |W_h| r_h.
+    column rank: r = |V| |Q| / s_min(K), docs/math/gaussians.md), else |V|_2:
+    Sinkhorn has r = |V|_2 (|S| <= |Sigma|); softmax has no such bound
+    (B = V Sigma A grows with Sigma) and |V|_2 is the reference rate. Multi-head:
+    sum of |W_h| r_h.
     """
     total = 0.0
     for head, W in attn.flat_heads(t, d):
@@ -170,9 +188,13 @@ def simulate(
     when the extrapolated singularity below is within 1000 such steps, else as
     "failed" (a run too stiff for the dtype). Near a blow-up at t*,
     lambda_max ~ c (t* - t)^{-p} (p = 1 for softmax, p = 2 for the rank-deficient
-    L2 example of docs/math.md); p and t* - t are estimated from lambda, lambda',
-    lambda'' at that point (`_time_to_singularity`) and `blowup_time` is the
-    extrapolated t*.
+    L2 example of docs/math/gaussians.md); p and t* - t are estimated from
+    lambda, lambda', lambda'' at that point (`_time_to_singularity`) and
+    `blowup_time` is the extrapolated t*.
+
+    See [The moment ODE][math-gaussian-moment-ode] for the equations,
+    [Blow-up detection][math-blowup-gaussian] for the blow-up rule and the extrapolated
+    time, and [The solver clock][math-solver-clock] for the clock the solve runs on.
 
     Args:
         gauss: initial Gaussian N(alpha0, Sigma0).
@@ -327,7 +349,7 @@ def _closed_form_parts(gauss, attn):
     if not (_commutes(V, M, scale) and _commutes(V, S0, scale)):
         raise ValueError(
             "the closed form needs V to commute with M = V A + A^T V^T and with "
-            "Sigma0 (docs/math.md §3); use `mf.gaussian.simulate`."
+            "Sigma0 (docs/math/gaussians.md); use `mf.gaussian.simulate`."
         )
     return V, A, M, S0
 
@@ -335,8 +357,10 @@ def _closed_form_parts(gauss, attn):
 def blowup_time(gauss: Gaussian, attn: AbstractAttention) -> float:
     """Analytic blow-up time of softmax attention in the closed-form case.
 
-    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}), M = V A + A^T V^T (docs/math.md
-    section 3), or +inf if that eigenvalue is <= 0 (global solution).
+    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}), M = V A + A^T V^T
+    (docs/math/gaussians.md), or +inf if that eigenvalue is <= 0 (global solution).
+
+    See [The softmax closed form][math-gaussian-closed-form] for the derivation.
 
     Raises:
         ValueError: outside the closed-form case (see `closed_form`).
@@ -361,7 +385,10 @@ class ClosedForm(eqx.Module):
 
 
 def closed_form(gauss: Gaussian, attn: AbstractAttention, ts: ArrayLike) -> ClosedForm:
-    """Exact alpha(t), Sigma(t) for softmax with constant A, V (docs/math.md §3).
+    """Exact alpha(t), Sigma(t) for softmax with constant A, V.
+
+    See [The softmax closed form][math-gaussian-closed-form] for the derivation
+    (docs/math/gaussians.md).
 
     When V commutes with M = V A + A^T V^T and with Sigma0:
     Sigma(t) = (Sigma0^{-1} - t M)^{-1} (P = Sigma^{-1} solves P' = -M). If V, A and

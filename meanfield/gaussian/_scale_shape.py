@@ -1,4 +1,6 @@
-"""The covariance ODE in scale-shape coordinates on a rate clock (docs/math.md §4).
+"""The covariance ODE in scale-shape coordinates on a rate clock.
+
+See docs/math/blowup.md.
 
 Sigma' = B Sigma + Sigma B^T is solved as Sigma = e^l S with tr S = 1:
 

@@ -1,4 +1,4 @@
-"""Batched blow-up studies of the Gaussian moment ODE (docs/math.md §4)."""
+"""Batched blow-up studies of the Gaussian moment ODE (docs/math/blowup.md)."""
 
 import functools
 import math
@@ -18,9 +18,10 @@ from .._checks import check_finite_times, check_tolerances
 from .._linalg import safe_eigh
 from .._measures import Gaussian
 from .._queue_solver import OUT_OF_STEPS, STEP_UNDERFLOW, solve_queue
+from .._repr import fields_repr
 from . import _frame, _scale_shape
 from ._ode import _value_rate
-from ._velocity import check_supported
+from ._velocity import as_batch
 
 
 class BlowupStudy(eqx.Module):
@@ -35,6 +36,8 @@ class BlowupStudy(eqx.Module):
       (< 0) there;
     - "max_steps" / "failed": not classified (step budget; non-finite field).
 
+    See [How a run ends][math-study-outcomes] for the rules behind each class.
+
     Attributes:
         t_max: the horizon of the study.
         times: variant name -> blow-up times (batch,), +inf for no blow-up.
@@ -43,8 +46,10 @@ class BlowupStudy(eqx.Module):
             to its top eigenvalue, `rank_rtol`); -1 for blow-ups and failures.
         rate: variant name -> exponential rate d log tr Sigma / dt at the end
             (batch,); +inf for blow-ups, NaN for failures.
-        status: variant name -> result codes (batch,); `classes(name)` gives the
-            fraction of runs in each class, by name.
+        status: variant name -> result codes (batch,) (`mf.Status`: e.g.
+            `study.status[name] == mf.Status.BLOWUP`); `status_names(name)`
+            gives them by name, `classes(name)` the fraction of runs in each
+            class.
         steps: variant name -> solver steps per run (batch,).
     """
 
@@ -57,9 +62,37 @@ class BlowupStudy(eqx.Module):
     steps: dict
 
     def classes(self, name: str) -> dict[str, float]:
-        """{class name: fraction of the runs} of one variant."""
+        """{class name: fraction of the runs} of one variant.
+
+        Args:
+            name: the variant (a key of `status`).
+
+        Returns:
+            The fraction of the batch in each class that occurs, by class name
+            ("blowup", "stationary", "success", "max_steps", "failed").
+        """
         codes = np.asarray(self.status[name])
         return {_status.name(c): float(np.mean(codes == c)) for c in np.unique(codes)}
+
+    def status_names(self, name: str) -> np.ndarray:
+        """The class of every run of one variant, by name.
+
+        Args:
+            name: the variant (a key of `status`).
+
+        Returns:
+            Names (batch,) of `status[name]`, e.g. "blowup" (`mf.Status.label`).
+        """
+        return np.atleast_1d(_status.names(self.status[name]))
+
+    def __repr__(self) -> str:
+        runs = {name: int(np.size(codes)) for name, codes in self.status.items()}
+        return fields_repr(
+            self,
+            t_max=self.t_max,
+            runs=runs,
+            classes={name: self.classes(name) for name in self.status},
+        )
 
 
 def numerical_rank(cov: Float[Array, "d d"], rtol: float) -> Int[Array, ""]:
@@ -90,7 +123,7 @@ def blowup_times(
     `jax.vmap(lambda A, V: mf.SoftmaxAttention(V, A=A))(As, Vs)`. This is the study
     of Castin, Ablin, Carrillo & Peyre (2025), section on Gaussian blow-up, for any
     number of parameter sets. Only Sigma is solved (its ODE does not involve the
-    mean), in scale-shape coordinates on a rate clock (docs/math.md §4), by an
+    mean), in scale-shape coordinates on a rate clock (docs/math/blowup.md), by an
     adaptive Dormand-Prince 5(4) over a work queue: `slots` runs step together and a
     finished run hands its slot to the next one. Runs that pass is unable to end
     within `max_steps` with a residual |dSigma/ds| / |Sigma| within 1e3 of
@@ -112,10 +145,15 @@ def blowup_times(
     rtol + atol on the rate clock (a huge steady Sigma, whose residual in t is the
     state's error times |B|: stationary to the solve's resolution).
 
+    See [Studies of many runs][math-blowup-studies] for the coordinates, clocks and
+    passes, and [How a run ends][math-study-outcomes] for the classes.
+
     Args:
         gauss: the initial Gaussian, shared by every run (only its covariance
             matters).
-        attns: {variant name: batched attention}, or one batched attention.
+        attns: {variant name: batched attention}, or one batched attention. An
+            attention without the batch axis (one parameter set) is a batch of
+            one.
         t_max: horizon.
         t0: initial time (for time-dependent parameters).
         rank_rtol: relative eigenvalue threshold of the numerical rank.
@@ -135,7 +173,9 @@ def blowup_times(
         A `BlowupStudy`.
 
     Raises:
-        ValueError: bad horizon, tolerances or attention.
+        ValueError: bad horizon, tolerances or attention; an attention that is
+            neither one parameter set nor a batch of them (the message shows how
+            to build a batch).
     """
     if not isinstance(attns, Mapping):
         attns = {type(attns).__name__: attns}
@@ -171,8 +211,7 @@ def blowup_times(
     settings = {key: jnp.asarray(value, dtype) for key, value in settings.items()}
     times, fraction, rank, rate, status, steps = {}, {}, {}, {}, {}, {}
     for name, attn in attns.items():
-        first = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, attn)
-        check_supported(first, gauss)
+        attn, first = as_batch(attn, gauss, name)
         frame_only = _needs_frame(first, float(t0), cov0.shape[0])
         arrays, static = eqx.partition(attn, eqx.is_array)
         leaves = jax.tree.leaves(arrays)
@@ -217,7 +256,9 @@ def blowup_times(
 
 
 def _needs_frame(attn, t0, d) -> bool:
-    """Whether a study solves in the orthogonal frame throughout (docs/math.md §4).
+    """Whether a study solves in the orthogonal frame throughout.
+
+    See docs/math/blowup.md.
 
     Softmax's B = V Sigma A is linear in Sigma: the small directions of a huge
     Sigma barely move it, and the scale-shape coordinates (where they sit in the
@@ -236,7 +277,7 @@ _IMPLICIT_SHARE = 20
 # whose residual the explicit error keeps up (measured: ~3-15x on d = 2 softmax
 # runs). Runs still moving hand over far above it (d = 4 softmax ~200-1300x,
 # d = 2 L2 ~1e8x, estimated from l' ~ 3 and |B| = O(1)); the implicit pass cannot
-# end them (docs/math.md §4).
+# end them (docs/math/blowup.md).
 _NEAR_STEADY = 1e3
 # The frame pass (third) gets max_steps // _FRAME_SHARE steps and slots // 4 slots.
 _FRAME_SHARE = 4

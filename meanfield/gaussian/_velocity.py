@@ -1,4 +1,4 @@
-"""Attention on a Gaussian is affine: Gamma(x) = B x + b (docs/math.md §3).
+"""Attention on a Gaussian is affine: Gamma(x) = B x + b (docs/math/gaussians.md).
 
 Tilting N(alpha, Sigma) by a kernel that is Gaussian in y gives another Gaussian, so
 softmax, L2 and Sinkhorn attention map a Gaussian measure to an affine velocity
@@ -8,6 +8,7 @@ gives its (B, b) (`AbstractAttention.gaussian_field`); multi-head sums W_h (B_h,
 
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
@@ -75,11 +76,13 @@ def velocity(
 ) -> tuple[Float[Array, "d d"], Float[Array, " d"]]:
     """The affine velocity field Gamma(x) = B x + b of `attn` on N(mean, cov).
 
-    Formulas (docs/math.md §3; Castin et al., 2025):
+    Formulas (docs/math/gaussians.md; Castin et al., 2025):
     softmax B = V Sigma A, b = V alpha; L2 (Kim et al.) B = 2 V D Sigma A,
     b = V D alpha with D = (I + 2 Sigma K^T K)^{-1}; Sinkhorn (Sander et al.)
     B = V S^T Sigma^{-1}, b = V alpha - B alpha with S the cross-covariance of the
     entropic self-coupling; multi-head sums W_h (B_h, b_h).
+
+    See [Gaussians][math-gaussians] for the derivation of each family's field.
 
     Args:
         gauss: the Gaussian measure.
@@ -98,3 +101,53 @@ def velocity(
         raise ValueError(f"`gauss` must be a `Gaussian`; got {type(gauss).__name__}.")
     _check_attention(attn)
     return _affine(attn, gauss.mean, gauss.cov, t)
+
+
+def as_batch(attn, gauss: Gaussian, name: str):
+    """(batch, first): `attn` with a leading batch axis, and its first parameter set.
+
+    One attention (one parameter set) becomes a batch of one. A batch has one
+    more axis on every array leaf than one parameter set, but no leaf's ndim
+    tells which it is by itself: the unbatched ndim is the family's (V, A
+    (d, d); Q, K (k, d); a `PiecewiseConstant` adds a layer axis). The family's
+    own Gaussian field knows it: traced at the Gaussian's d (`jax.eval_shape`,
+    nothing computed), it accepts one parameter set and returns B (d, d),
+    b (d,), while a batch fails its shape checks (`param_at`) or comes out with
+    the batch axis in front. So an attention whose field has the shapes of one
+    run is one run; anything else must be a batch, checked as one.
+
+    Args:
+        attn: one attention, or a batch of them.
+        gauss: the Gaussian of the study.
+        name: the variant's name, for the message.
+
+    Returns:
+        (the batch, its first parameter set).
+
+    Raises:
+        ValueError: `attn` is neither one attention for `gauss` nor a batch of
+            them (the message shows how to build a batch), or not supported on
+            Gaussians.
+    """
+    _check_attention(attn)
+    d = gauss.mean.shape[-1]
+    try:
+        B, b = jax.eval_shape(
+            functools.partial(_affine, attn, t=0.0), gauss.mean, gauss.cov
+        )
+        one = B.shape == (d, d) and b.shape == (d,)
+    except (ValueError, TypeError, IndexError):  # not one run of a supported family
+        one = False
+    if one:
+        attn = jax.tree.map(lambda a: a[None] if eqx.is_array(a) else a, attn)
+    try:
+        first = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, attn)
+        check_supported(first, gauss)
+    except (ValueError, TypeError, IndexError) as err:
+        raise ValueError(
+            f"`attns` ({name!r}) must be one attention for a Gaussian in d = {d}, "
+            "or a batch of them with a leading batch axis on every array leaf, "
+            "e.g. `jax.vmap(lambda A: mf.SoftmaxAttention(V, A=A))(As)` with As "
+            f"of shape (batch, {d}, {d}); as a batch: {err}"
+        ) from err
+    return attn, first

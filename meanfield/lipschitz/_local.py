@@ -2,7 +2,7 @@
 
 f(X)_i = Gamma_X(x_i) on (R^d)^n, Lip_X(f) = |D_X f|_2 = sigma_max(J), by power
 iteration on J^T J with one `jax.jvp` and one `jax.vjp` (a linear transpose of the
-linearisation) per step: J is never formed. docs/math.md §6.
+linearisation) per step: J is never formed. docs/math/lipschitz.md.
 """
 
 import functools
@@ -16,9 +16,10 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int, PRNGKeyArray
 from .._attention.base import AbstractAttention, interaction_matrix, param_at
 from .._attention.norms import meanfield_lipschitz, value_norm
 from .._attention.softmax import SoftmaxAttention
-from .._checks import is_traced
+from .._checks import is_traced, reject_result
 from .._measures import AbstractParticles, MaskedParticles, Particles
 from .._params import at
+from .._repr import fields_repr
 
 
 class LipschitzResult(eqx.Module):
@@ -45,6 +46,16 @@ class LipschitzResult(eqx.Module):
 
     def __float__(self) -> float:
         return float(self.value)
+
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            value=self.value,
+            converged=self.converged,
+            iterations=self.iterations,
+            residual=self.residual,
+            direction=self.direction,
+        )
 
 
 def _measure(x, positions, weights) -> AbstractParticles:
@@ -206,7 +217,7 @@ def local(
 
     Iterations on J^T J with `jax.linearize` + `linear_transpose` (one JVP and one
     VJP per product; J is never formed, memory is that of one linearised
-    evaluation). method="power": u <- J^T J u / |J^T J u| (docs/math.md §6).
+    evaluation). method="power": u <- J^T J u / |J^T J u| (docs/math/lipschitz.md).
     method="lanczos" (default): the same products accelerated in their Krylov space,
     `krylov` per cycle with full reorthogonalisation, restarted from the top Ritz
     vector. At adversarial inputs the top singular values nearly coincide and power
@@ -237,6 +248,9 @@ def local(
     D_X f for |e|_w^2 = sum_i w_i |e_i|^2, i.e. sigma_max(diag(sqrt w) J
     diag(1/sqrt w)); uniform weights 1/n give the Euclidean value.
 
+    See [The local constant][math-lipschitz-local] for the method and what `converged`
+    guarantees.
+
     Args:
         attn: any attention of meanfield (softmax, L2, Sinkhorn, multi-head, ...).
         x: tokens X, shape (n, d).
@@ -261,7 +275,10 @@ def local(
         ValueError: bad x / positions / weights (as for the measures), not an
             attention, unknown method, max_iter < 1, krylov < 2, tol or rtol not
             positive.
+        TypeError: `x` is a `Solution` (pass `sol.x[i]` for save time i) or a
+            measure (pass its positions `.x`, its weights as `weights`).
     """
+    reject_result(x, "x", "local")
     if not isinstance(attn, AbstractAttention):
         raise ValueError(
             f"`attn` must be a meanfield attention; got {type(attn).__name__}."
@@ -363,6 +380,8 @@ def upper_bound(attn: AbstractAttention, n: int, R: float, *, t=0.0):
     |W_h V_h| (W_h Gamma_h is a head with values W_h V_h; at most |W_h| times it).
     Each head's factor is its family's `lipschitz_growth`.
 
+    See [Upper bounds][math-lipschitz-upper].
+
     Args:
         attn: softmax attention, or multi-head of softmax heads (or of any family
             that gives `lipschitz_growth`).
@@ -396,6 +415,9 @@ def meanfield_bound(attn: AbstractAttention, R: float, *, t=0.0):
 
     L2 and multi-head heads use the constants of `_stability` (same derivation).
     Masked attention exceeds this bound even as R -> 0 (the Cesaro matrix).
+
+    See [The mean-field bound][math-lipschitz-meanfield], derived in
+    [Stability][math-stability].
 
     Args:
         attn: softmax, L2, or multi-head of those.
@@ -434,12 +456,14 @@ def _single_softmax(attn, name: str) -> SoftmaxAttention:
 
 
 def adversarial(attn: AbstractAttention, n: int, R: float, *, t=0.0):
-    """The (n, d) configuration of Castin et al., Prop. 3.4 (docs/math.md §6).
+    """The (n, d) configuration of Castin et al., Prop. 3.4 (docs/math/lipschitz.md).
 
     For a unit u with lambda = <A u, u>: lambda < 0 gives X = (R u, -R u, ..., -R u)
     with gamma = |lambda|; lambda > 0 gives X = (R u, R u/2, ..., R u/2), gamma =
     lambda / 8. The u (extreme eigenvector of (A + A^T)/2) maximises gamma. Lip grows
     like sqrt(n) while n <~ e^{2 gamma R^2}.
+
+    See [Lower bound and adversarial inputs][math-lipschitz-lower].
 
     Raises:
         ValueError: not a single softmax head, gamma = 0 (A antisymmetric), n < 2.
@@ -466,6 +490,8 @@ def lower_bound(attn: AbstractAttention, n: int, R: float, *, t=0.0):
     derivative along (u, 0, ..., 0). The paper takes V = I (|V u| = 1); rows 2..n are
     V times the V = I rows, hence the factor for general V.
 
+    See [Lower bound and adversarial inputs][math-lipschitz-lower].
+
     Raises:
         ValueError: as `adversarial`.
     """
@@ -485,6 +511,8 @@ def meanfield_adversarial(attn: AbstractAttention, R: float, *, t=0.0):
     local Lipschitz constant L >= (gamma / 2) R^2 e^{gamma R^2}, with
     L / ((gamma / 2) R^2 e^{gamma R^2}) -> 1 as R grows (excess ~ 1 + 1 / (gamma R^2)).
 
+    See [The mean-field adversarial measure][math-lipschitz-meanfield-adversarial].
+
     Returns:
         `Particles` with x (2, d), weights (p, 1 - p).
     """
@@ -497,7 +525,10 @@ def meanfield_adversarial(attn: AbstractAttention, R: float, *, t=0.0):
 
 
 def meanfield_adversarial_rate(attn: AbstractAttention, R: float, *, t=0.0):
-    """(gamma / 2) R^2 e^{gamma R^2}: the growth of the two-Dirac constant."""
+    """(gamma / 2) R^2 e^{gamma R^2}: the growth of the two-Dirac constant.
+
+    See [The mean-field adversarial measure][math-lipschitz-meanfield-adversarial].
+    """
     head = _single_softmax(attn, "meanfield_adversarial")
     _, _, gamma = _direction(head, t, token_dim(head, t))
     return gamma / 2 * R**2 * jnp.exp(gamma * R**2)

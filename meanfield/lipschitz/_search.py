@@ -16,6 +16,7 @@ import optax
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._attention.base import AbstractAttention
+from .._repr import fields_repr
 from ._local import _measure, adversarial, local, token_dim
 
 
@@ -37,6 +38,16 @@ class SearchResult(eqx.Module):
     values: Float[Array, " restarts"]
     history: Float[Array, "restarts steps"]
     heuristic: Float[Array, ""]
+
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            value=self.value,
+            heuristic=self.heuristic,
+            values=self.values,
+            x=self.x,
+            history=self.history,
+        )
 
 
 def project_ball(x: Float[Array, "n d"], R) -> Float[Array, "n d"]:

@@ -22,6 +22,7 @@ from jaxtyping import ArrayLike, PRNGKeyArray
 from tqdm import tqdm
 
 from .._attention.base import AbstractAttention
+from .._repr import fields_repr
 from ..bert import BertModel, attention_layer, hidden_states
 from ._local import adversarial, local, lower_bound, token_dim, upper_bound
 from ._search import adversarial_search, random_ball
@@ -85,6 +86,16 @@ class ScalingStudy:
     slopes: dict
     wall_s: np.ndarray
 
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            ns=self.ns,
+            R=self.R,
+            slopes=self.slopes,
+            random=self.random,
+            random_converged=self.random_converged,
+        )
+
     def series(self) -> dict[str, np.ndarray]:
         """The measured and bound series that exist, by name (slopes' keys)."""
         names = ("random", "adversarial", "searched", "upper", "lower")
@@ -119,7 +130,7 @@ def scaling_study(
     key: PRNGKeyArray | None = None,
     search_max_n: int = 0,
     search_kwargs: dict | None = None,
-    progress: bool = True,
+    progress: bool = False,
 ) -> ScalingStudy:
     """Lip_X(f) against n at random, adversarial and searched X in B_R^n.
 
@@ -144,7 +155,8 @@ def scaling_study(
         search_max_n: run the search for n <= this (0: never).
         search_kwargs: extra keyword arguments of `adversarial_search` (restarts,
             steps, learning_rate, inner).
-        progress: show a tqdm bar over n (on stderr).
+        progress: show a tqdm bar over n (on stderr); off by default, as in every
+            library function (the `meanfield` command turns it on).
 
     Returns:
         A `ScalingStudy`.
@@ -255,6 +267,18 @@ class RealModelStudy:
     dtype: str
     masked: bool = False
 
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            lengths=self.lengths,
+            layers=self.layers,
+            slopes=self.slopes,
+            all_converged=bool(np.all(self.converged)),
+            dtype=self.dtype,
+            masked=self.masked,
+            values=self.values,
+        )
+
 
 def real_model_study(
     model: BertModel,
@@ -264,7 +288,7 @@ def real_model_study(
     layers: ArrayLike | None = None,
     key: PRNGKeyArray | None = None,
     local_kwargs: dict | None = None,
-    progress: bool = True,
+    progress: bool = False,
     masked: bool = False,
 ) -> RealModelStudy:
     """Lip of each self-attention layer against the sequence length (Castin et al.).
@@ -284,7 +308,8 @@ def real_model_study(
         layers: layer indices; None means all.
         key: PRNG key of the Lanczos start; None means `jr.key(0)` (as `local`).
         local_kwargs: extra keyword arguments of `local` (method, tol, ...).
-        progress: show a tqdm bar (on stderr).
+        progress: show a tqdm bar (on stderr); off by default, as in every
+            library function (the `meanfield` command turns it on).
         masked: measure the causal (decoder) map instead of the encoder's.
 
     Returns:

@@ -4,6 +4,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from ..clustering._over_time import ClusterCounts
 from ._common import _new_axes
 
 _TOL_AXES_LABEL = "meanfield: tolerance"
@@ -27,7 +28,7 @@ def _tolerance_axes(ax):
 
 def plot_cluster_counts(
     ts,
-    counts,
+    counts=None,
     *,
     tol=None,
     ax=None,
@@ -45,9 +46,15 @@ def plot_cluster_counts(
     curve). Times that are not finite (save times after an early stop) are
     skipped.
 
+    Takes the result of `mf.clustering.cluster_counts` as it is
+    (`plot_cluster_counts(mf.clustering.cluster_counts(sol))`), or its arrays.
+
     Args:
-        ts: times, shape (T,).
-        counts: number of clusters at each time, shape (T,).
+        ts: a `ClusterCounts` (`mf.clustering.cluster_counts`): its times,
+            counts, and, unless `tol` is given here, its tolerances and how
+            each was chosen; or the times, shape (T,).
+        counts: number of clusters at each time, shape (T,); None with a
+            `ClusterCounts`.
         tol: the clustering tolerance: a scalar, given in the legend, or one per
             time, shape (T,), drawn dashed against a logarithmic right axis when
             it varies. None for no annotation.
@@ -65,8 +72,24 @@ def plot_cluster_counts(
 
     Raises:
         ValueError: `ts`, `counts` or `tol` of the wrong shape, no finite time,
-            or a negative count.
+            or a negative count; `counts` missing, or given with a
+            `ClusterCounts`.
     """
+    if isinstance(ts, ClusterCounts):
+        if counts is not None:
+            raise ValueError(
+                "`counts` must be None when `ts` is a ClusterCounts (it holds them)."
+            )
+        result = ts
+        ts, counts = result.ts, result.counts
+        if tol is None:  # the result's tolerances, with how each was chosen
+            tol = result.tol
+            method = result.method if method is None else method
+    elif counts is None:
+        raise ValueError(
+            "`counts` is needed with times `ts`; or pass the ClusterCounts of "
+            "`mf.clustering.cluster_counts` alone."
+        )
     ts = np.asarray(ts, dtype=float)
     counts = np.asarray(counts)
     if ts.ndim != 1:

@@ -3,6 +3,7 @@
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..clustering._merging import MergingSolution
 from ._common import _new_axes
 
 
@@ -25,11 +26,17 @@ def plot_energy(
     sum_ij w_i w_j e^{beta (<x_i, x_j> - 1)}, which is 1 for one cluster on the
     sphere. t <= 0 and non-finite values (save times not reached) are left out.
 
+    Takes the result of `mf.simulate_merging` as it is
+    (`plot_energy(mf.simulate_merging(...))`), or arrays.
+
     Args:
-        ts: times, shape (T,).
+        ts: a `MergingSolution` (`mf.simulate_merging` with a known beta): its
+            times, log energy, atom counts and beta are used, each unless given
+            here; or the times, shape (T,).
         energy: E at each time, shape (T,) (`clustering.energy`).
         log_energy: log E instead of `energy` (finite for any beta).
-        beta: the inverse temperature: normalise as above; None plots E as given.
+        beta: the inverse temperature: normalise as above; None plots E as given
+            (a `MergingSolution`'s own beta: normalised).
         counts: number of atoms or clusters at each time, shape (T,), drawn as a
             step curve against a right axis.
         ax: axes to draw on; None creates a figure.
@@ -41,8 +48,24 @@ def plot_energy(
 
     Raises:
         ValueError: neither or both of energy and log_energy, shapes that do not
-            match `ts`, or no positive finite time.
+            match `ts`, or no positive finite time; a `MergingSolution` without
+            energy (beta unknown), or with `energy`/`log_energy` also given.
     """
+    if isinstance(ts, MergingSolution):
+        run = ts
+        if energy is not None or log_energy is not None:
+            raise ValueError(
+                "`energy` and `log_energy` must be None when `ts` is a "
+                "MergingSolution (it holds its energy)."
+            )
+        if run.log_energy is None:
+            raise ValueError(
+                "`ts` is a MergingSolution without energy (beta unknown): pass "
+                "`beta=` to `mf.simulate_merging`."
+            )
+        ts, log_energy = run.ts, run.log_energy
+        beta = run.beta if beta is None else beta
+        counts = run.counts if counts is None else counts
     ts = np.asarray(ts, dtype=float)
     if (energy is None) == (log_energy is None):
         raise ValueError("give exactly one of `energy` and `log_energy`.")

@@ -1,5 +1,7 @@
 """Gaussian moment ODE figures: covariance ellipses, eigenvalues, phase diagram."""
 
+from collections.abc import Mapping
+
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.cm import ScalarMappable
@@ -11,6 +13,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
 from ..gaussian._ode import GaussianSolution
+from ..gaussian._study import BlowupStudy
 from ._common import _new_axes
 
 _TIME_CMAP = "viridis"
@@ -32,6 +35,22 @@ def _gaussian_rows(sol: GaussianSolution) -> tuple[np.ndarray, np.ndarray, np.nd
     return ts[keep], mean[keep], cov[keep]
 
 
+def _variants(solutions) -> dict[str, GaussianSolution]:
+    """{name: GaussianSolution}; one solution (`mf.gaussian.simulate`) is "Gaussian"."""
+    if isinstance(solutions, GaussianSolution):
+        return {"Gaussian": solutions}
+    if not isinstance(solutions, Mapping) or not all(
+        isinstance(sol, GaussianSolution) for sol in solutions.values()
+    ):
+        raise TypeError(
+            "`solutions` must be a GaussianSolution (`mf.gaussian.simulate`) or a "
+            f"dict of them by variant name; got {type(solutions).__name__}."
+        )
+    if not solutions:
+        raise ValueError("`solutions` must hold at least one GaussianSolution.")
+    return dict(solutions)
+
+
 def _blowup_time(sol: GaussianSolution) -> float:
     return float(np.asarray(sol.blowup_time))
 
@@ -45,7 +64,7 @@ def _ellipse(mean: np.ndarray, cov: np.ndarray, num: int = 100) -> np.ndarray:
 
 
 def plot_covariance_ellipses(
-    solutions: dict[str, GaussianSolution],
+    solutions: dict[str, GaussianSolution] | GaussianSolution,
     *,
     n_ellipses: int = 8,
     axes=None,
@@ -54,8 +73,8 @@ def plot_covariance_ellipses(
 ) -> Figure:
     """1-sigma ellipses of N(alpha(t), Sigma(t)) in d = 2, one panel per variant.
 
-    The Gaussian moment ODE of Castin, Ablin, Carrillo & Peyre (2025) (docs/math.md
-    section 3) keeps a Gaussian Gaussian; each panel draws the ellipse
+    The Gaussian moment ODE of Castin, Ablin, Carrillo & Peyre (2025)
+    (docs/math/gaussians.md) keeps a Gaussian Gaussian; each panel draws the ellipse
     {alpha(t) + Sigma(t)^{1/2} u : |u| = 1} at `n_ellipses` save times evenly
     spread over the shown range, coloured by time (one colorbar per panel: the
     time ranges differ), with the mean path alpha(t) in black. The panel title
@@ -72,7 +91,8 @@ def plot_covariance_ellipses(
     per panel from the drawn ellipses (the scales differ a lot).
 
     Args:
-        solutions: variant name -> `GaussianSolution` with d = 2, e.g.
+        solutions: a `GaussianSolution` with d = 2 (`mf.gaussian.simulate`), or
+            variant name -> `GaussianSolution`, e.g.
             {"softmax": ..., "L2": ..., "Sinkhorn": ...}.
         n_ellipses: ellipses per panel (fewer if fewer rows are shown).
         axes: one 2-D axes per variant, in the order of `solutions`; None
@@ -87,9 +107,9 @@ def plot_covariance_ellipses(
     Raises:
         ValueError: no solutions, d != 2, `n_ellipses` < 1, `max_growth` < 1,
             wrong number of axes, or a solution with no finite state.
+        TypeError: `solutions` neither a GaussianSolution nor a dict of them.
     """
-    if not solutions:
-        raise ValueError("`solutions` must hold at least one GaussianSolution.")
+    solutions = _variants(solutions)
     if n_ellipses < 1:
         raise ValueError(f"`n_ellipses` must be >= 1; got {n_ellipses}.")
     if not max_growth >= 1:
@@ -164,7 +184,10 @@ def plot_covariance_ellipses(
 
 
 def plot_covariance_eigenvalues(
-    solutions: dict[str, GaussianSolution], *, ax=None, title: str | None = None
+    solutions: dict[str, GaussianSolution] | GaussianSolution,
+    *,
+    ax=None,
+    title: str | None = None,
 ) -> Figure:
     """Eigenvalues of Sigma(t) against t (log scale), one colour per variant.
 
@@ -172,11 +195,12 @@ def plot_covariance_eigenvalues(
     line marks each finite blow-up time t*. Softmax attention on a Gaussian
     blows up like lambda_max ~ 1/(t* - t) when M = V A + A^T V^T has a positive
     direction; L2 (with K of full column rank) and Sinkhorn grow at most
-    exponentially (Castin, Ablin, Carrillo & Peyre, 2025; docs/math.md §3).
+    exponentially (Castin, Ablin, Carrillo & Peyre, 2025; docs/math/gaussians.md).
     Non-positive eigenvalues (rounding after a rank collapse) are not drawn.
 
     Args:
-        solutions: variant name -> `GaussianSolution`.
+        solutions: a `GaussianSolution` (`mf.gaussian.simulate`), or variant
+            name -> `GaussianSolution`.
         ax: 2-D axes to draw on; None creates a figure.
         title: axes title; None for a default.
 
@@ -185,9 +209,9 @@ def plot_covariance_eigenvalues(
 
     Raises:
         ValueError: no solutions, or a solution with no finite state.
+        TypeError: `solutions` neither a GaussianSolution nor a dict of them.
     """
-    if not solutions:
-        raise ValueError("`solutions` must hold at least one GaussianSolution.")
+    solutions = _variants(solutions)
     fig, ax = _new_axes(ax, figsize=(7.0, 4.5))
     for c, (name, sol) in enumerate(solutions.items()):
         color = f"C{c}"
@@ -234,13 +258,14 @@ def plot_blowup_phase_diagram(
     title: str | None = None,
     xlabel: str = "s",
     ylabel: str = "r",
+    variant: str | None = None,
 ) -> Figure:
     """Blow-up time over a 2-parameter family of attention matrices A(s, r).
 
     For softmax attention on a Gaussian the covariance blows up in finite time
     iff M = V A + A^T V^T has a positive direction (closed form
     t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}) when V commutes with M and
-    Sigma0; Castin, Ablin, Carrillo & Peyre, 2025; docs/math.md §3). Cells are
+    Sigma0; Castin, Ablin, Carrillo & Peyre, 2025; docs/math/gaussians.md). Cells are
     coloured by t* (log scale when t* spans more than a decade); cells without
     blow-up on [0, t_max] (t* = +inf) are light grey, as the colorbar label and
     the legend say; NaN cells (failed solves) are blue.
@@ -249,24 +274,51 @@ def plot_blowup_phase_diagram(
         s_values: first parameter, shape (S,) (x axis), monotonic.
         r_values: second parameter, shape (R,) (y axis), monotonic.
         times: blow-up times, shape (R, S) (row i is r_values[i]); +inf means no
-            blow-up on [0, t_max], NaN a failed solve. E.g. from
-            `mf.gaussian.blowup_times(...).times[name].reshape(R, S)`.
+            blow-up on [0, t_max], NaN a failed solve. Or the `BlowupStudy` of
+            `mf.gaussian.blowup_times` over the R * S grid in row-major order
+            (r slow, s fast, as `np.meshgrid(s_values, r_values)` ravelled): its
+            times of `variant` are reshaped to (R, S), and its horizon is
+            `t_max` unless given.
         ax: 2-D axes to draw on; None creates a figure.
         t_max: horizon of the study (for the labels); None if unknown.
         point: (s, r) marked with a star, e.g. the parameters of a simulated run.
         title: axes title; None for a default.
         xlabel: x axis label.
         ylabel: y axis label.
+        variant: the variant of a `BlowupStudy` to draw; None when it has one.
 
     Returns:
         The figure.
 
     Raises:
         ValueError: `s_values`/`r_values` not 1-D and non-empty, or `times` not of
-            shape (R, S).
+            shape (R, S) (a study: not R * S runs); `variant` not in the study,
+            or None with several variants; `variant` without a study.
     """
     s = np.asarray(s_values, dtype=float)
     r = np.asarray(r_values, dtype=float)
+    if isinstance(times, BlowupStudy):
+        study = times
+        if variant is None and len(study.times) != 1:
+            raise ValueError(
+                f"`variant` must name one of the study's variants "
+                f"{sorted(study.times)}; got None."
+            )
+        variant = next(iter(study.times)) if variant is None else variant
+        if variant not in study.times:
+            raise ValueError(
+                f"`variant` must be one of {sorted(study.times)}; got {variant!r}."
+            )
+        times = np.asarray(study.times[variant], dtype=float)
+        if times.size != r.size * s.size:
+            raise ValueError(
+                f"`times` must be a study of len(r_values) * len(s_values) = "
+                f"{r.size * s.size} runs; got {times.size}."
+            )
+        times = times.reshape(r.size, s.size)
+        t_max = study.t_max if t_max is None else t_max
+    elif variant is not None:
+        raise ValueError("`variant` names a variant of a BlowupStudy `times`.")
     times = np.asarray(times, dtype=float)
     if s.ndim != 1 or s.size == 0 or r.ndim != 1 or r.size == 0:
         raise ValueError(

@@ -166,14 +166,16 @@ def plot_trajectories_3d(
     title: str | None = None,
     coordinate: str = "x",
 ) -> Figure:
-    """3-D particle paths from an array, e.g. rescaled trajectories e^{-tV} x(t).
+    """3-D particle paths, e.g. of rescaled trajectories e^{-tV} x(t).
 
     Start points are hollow, end points filled; axes have equal scale. Rows with
     a non-finite time or state (not reached) are skipped.
 
     Args:
-        x_traj: trajectories, shape (T, n, 3) (NumPy or JAX array).
-        ts: times, shape (T,), or None (rows are then numbered 0..T-1).
+        x_traj: trajectories, shape (T, n, 3) (NumPy or JAX array), or a
+            `Solution` with d = 3 (its `x`, at its save times `ts`).
+        ts: times, shape (T,), or None (rows are then numbered 0..T-1); None
+            for a `Solution`.
         ax: 3-D axes to draw on; None creates a figure.
         title: axes title; None for a default.
         coordinate: the symbol of the plotted state in the axis labels ("z" for
@@ -183,9 +185,13 @@ def plot_trajectories_3d(
         The figure.
 
     Raises:
-        ValueError: `x_traj` not of shape (T, n, 3), `ts` of the wrong shape, no
-            finite row, `ax` not 3-D.
+        ValueError: `x_traj` not of shape (T, n, 3), `ts` of the wrong shape (or
+            given with a `Solution`), no finite row, `ax` not 3-D.
     """
+    if isinstance(x_traj, Solution):
+        if ts is not None:
+            raise ValueError("`ts` must be None when `x_traj` is a Solution.")
+        x_traj, ts = x_traj.x, x_traj.ts
     x = np.asarray(x_traj)
     if x.ndim != 3 or x.shape[2] != 3:
         raise ValueError(f"`x_traj` must have shape (T, n, 3); got shape {x.shape}.")

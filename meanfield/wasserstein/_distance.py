@@ -2,7 +2,8 @@
 
 - `distance`: W_p between weighted particle measures, exact (POT's network simplex)
   or entropic (debiased Sinkhorn divergence, `_ot_sinkhorn`).
-- `gaussian_w2`: the Bures closed form (docs/math.md §5) in a cancellation-free form.
+- `gaussian_w2`: the Bures closed form (docs/math/wasserstein.md) in a
+  cancellation-free form.
 - `conditional`: the conditional distance of masked measures (Castin et al., 2025,
   Def. 4.1): mass moves only between equal positions s.
 """
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._checks import reject_result
 from .._linalg import sym_sqrt
 from .._measures import AbstractParticles, Gaussian, MaskedParticles
 from .._optional import require
@@ -59,19 +61,25 @@ def _check_p(p) -> float:
     return p
 
 
-def _check_pair(mu, nu, cls, names=("mu", "nu")) -> None:
+def _check_pair(mu, nu, cls, where: str, names=("mu", "nu")) -> None:
+    kind = cls.__name__.removeprefix("Abstract")
+    # A result over save times: the measure at save time i is its `measure(i)`
+    # (a `GaussianSolution`'s `gaussian(i)`).
+    take = "sol.gaussian({i})" if cls is Gaussian else "sol.measure({i})"
     for name, m in zip(names, (mu, nu), strict=True):
         if not isinstance(m, cls) or (
             cls is AbstractParticles and isinstance(m, MaskedParticles)
         ):
+            reject_result(
+                m, name, where, expected=f"a {kind} measure", take=take, positions=False
+            )
             hint = (
                 " (masked measures: use `conditional`)"
                 if isinstance(m, MaskedParticles)
                 else ""
             )
             raise ValueError(
-                f"`{name}` must be a {cls.__name__.removeprefix('Abstract')} "
-                f"measure; got {type(m).__name__}{hint}."
+                f"`{name}` must be a {kind} measure; got {type(m).__name__}{hint}."
             )
     if mu.dim != nu.dim:
         raise ValueError(
@@ -126,6 +134,8 @@ def distance(
     Iterations grow like 1/eps. Up to n m = 4096^2 it runs on ott-jax's dense
     Sinkhorn; beyond, on a blocked log-sum-exp with O(1024^2) memory.
 
+    See [Exact distances between particle measures][math-wasserstein-exact].
+
     Args:
         mu: `Particles` (n, d).
         nu: `Particles` (m, d), same d.
@@ -144,8 +154,9 @@ def distance(
     Raises:
         ValueError: measures that are not (unmasked) particles, different d, p < 1,
             unknown method, non-positive epsilon.
+        TypeError: `mu` or `nu` is a `Solution` (pass `sol.measure(i)`).
     """
-    _check_pair(mu, nu, AbstractParticles)
+    _check_pair(mu, nu, AbstractParticles, "distance")
     p = _check_p(p)
     if method not in METHODS:
         raise ValueError(f"`method` must be one of {METHODS}; got {method!r}.")
@@ -213,6 +224,8 @@ def gaussian_w2(g1: Gaussian, g2: Gaussian) -> Float[Array, ""]:
     min_U |S1^{1/2} - S2^{1/2} U|_F^2 (orthogonal U by one SVD), which stays accurate
     for nearly equal and nearly singular covariances. Jittable.
 
+    See [The Bures distance][math-bures].
+
     Args:
         g1: `Gaussian` in R^d.
         g2: `Gaussian` in R^d.
@@ -222,8 +235,9 @@ def gaussian_w2(g1: Gaussian, g2: Gaussian) -> Float[Array, ""]:
 
     Raises:
         ValueError: not Gaussians, or different d.
+        TypeError: `g1` or `g2` is a `GaussianSolution` (pass `sol.gaussian(i)`).
     """
-    _check_pair(g1, g2, Gaussian, names=("g1", "g2"))
+    _check_pair(g1, g2, Gaussian, "gaussian_w2", names=("g1", "g2"))
     dtype = jnp.result_type(g1.mean.dtype, g2.mean.dtype)
     sq = _bures_squared(
         g1.mean.astype(dtype),
@@ -249,6 +263,8 @@ def conditional(mu: MaskedParticles, nu: MaskedParticles, p: float = 2) -> Dista
     64 max(n, m) ulps of the weights' dtype. One atom per position on both sides
     gives (sum_i w_i |x_i - y_i|^p)^{1/p} with atoms paired by position.
 
+    See [Masked measures][math-wasserstein-masked].
+
     Args:
         mu: `MaskedParticles` (n, d).
         nu: `MaskedParticles` (m, d), same d.
@@ -260,8 +276,9 @@ def conditional(mu: MaskedParticles, nu: MaskedParticles, p: float = 2) -> Dista
 
     Raises:
         ValueError: not masked particles, different d, p < 1.
+        TypeError: `mu` or `nu` is a `Solution` (pass `sol.measure(i)`).
     """
-    _check_pair(mu, nu, MaskedParticles)
+    _check_pair(mu, nu, MaskedParticles, "conditional")
     p = _check_p(p)
     x, a = _as_numpy(mu)
     y, b = _as_numpy(nu)

@@ -1,6 +1,7 @@
 r"""Stability of the Transformer PDE in W_p: measured ratio against a Gronwall bound.
 
-Derivation (Geshkovski et al., 2023, mean-field Lipschitz constant; docs/math.md §5).
+Derivation (Geshkovski et al., 2023, mean-field Lipschitz constant;
+docs/math/wasserstein.md).
 Write a row-normalised kernel as k(x, y) = e^{phi(x, y)} and
 Gamma_mu(x) = int k(x, y) V y dmu(y) / int k(x, y) dmu(y). On the ball B_R:
 
@@ -20,8 +21,8 @@ L^p cost; then d/dt |X - Y| <= L_x |X - Y| + L_mu W_1(mu_t, nu_t)
 W_p(mu_t, nu_t) <= D(t) <= exp(int_0^t L(R(s)) ds) D(0),
 L = L_x + L_mu <= |V| (1 + (c_x + 2 c_y) R^2) e^{c_o R^2}:
 
-- softmax, phi = <A x, y>: c_x = c_y = |A|, c_o = 2 |A| -> docs/math.md §5's
-  L(R) = |V| (1 + 3 |A| R^2) e^{2 |A| R^2};
+- softmax, phi = <A x, y>: c_x = c_y = |A|, c_o = 2 |A| ->
+  L(R) = |V| (1 + 3 |A| R^2) e^{2 |A| R^2} (docs/math/wasserstein.md);
 - L2, phi = 2 <Q x, K y> - |K y|^2 (the x-only term cancels): with a = 2 |K^T Q|,
   k = |K|: c_x = a, c_y = a + 2 k^2, c_o = 2 a + k^2;
 - multi-head sum_h W_h Gamma_h: each head is attention with values W_h V_h, so the
@@ -49,8 +50,10 @@ import numpy as np
 
 from .._attention.base import AbstractAttention
 from .._attention.norms import value_norm
+from .._checks import reject_result
 from .._dynamics import simulate
 from .._measures import AbstractParticles, MaskedParticles
+from .._repr import fields_repr
 from . import _distance as _wasserstein
 
 # Quadrature steps on [t0, t_T] for int |V| and int L(R). Right-endpoint sums: exact
@@ -88,6 +91,17 @@ class Stability:
     method: str
     status: tuple[str, str]
 
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            p=self.p,
+            method=self.method,
+            status=self.status,
+            within_bounds=self.within_bounds(),
+            ts=self.ts,
+            ratio=self.ratio,
+        )
+
     def within_bounds(self, rtol: float = 1e-6) -> bool:
         """Ratio <= bound and radius <= radius bound at every reached time.
 
@@ -124,6 +138,8 @@ def gronwall_bound(
 
     log C = int L(R(s)) ds with L as in the module docstring; R(t) = R_0 e^{int rate}.
     Integrals by right-endpoint sums on GRID_STEPS steps plus the points of ts.
+
+    See [The Gronwall bound][math-gronwall] for the derivation.
     """
     ts = np.asarray(ts, dtype=np.float64)
     grid = np.union1d(np.linspace(ts[0], ts[-1], GRID_STEPS + 1), ts)
@@ -182,6 +198,9 @@ def stability(
     argument with their constants). The bound is loose; the measured ratio is
     reported beside it.
 
+    See [Stability][math-stability] for the derivation of the bound and
+    [The constants of each family][math-kernel-constants] for each family's constants.
+
     Args:
         mu0: initial measure, `Particles` or `MaskedParticles`.
         nu0: initial measure of the same kind and dimension (masked: the same
@@ -197,7 +216,17 @@ def stability(
     Raises:
         ValueError: mismatched measure kinds or dimensions, mu0 = nu0 (ratio
             undefined), different position marginals, bad ts or p.
+        TypeError: `mu0` or `nu0` is a `Solution` (pass `sol.measure(i)`).
     """
+    for name, m in (("mu0", mu0), ("nu0", nu0)):
+        reject_result(
+            m,
+            name,
+            "stability",
+            expected="a particle measure",
+            take="sol.measure({i})",
+            positions=False,
+        )
     masked = isinstance(mu0, MaskedParticles)
     if masked != isinstance(nu0, MaskedParticles):
         raise ValueError(
