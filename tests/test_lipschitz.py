@@ -95,7 +95,8 @@ def test_uniform_weights_give_euclidean_value():
 
 def test_power_and_lanczos_agree_at_adversarial_input_up_to_the_cluster_width():
     # Power iteration crawls inside the nearly coincident top singular values
-    # (docs/math.md §6): it stays below, within their relative gap (< 1e-4 at n = 64).
+    # (docs/math/lipschitz.md): it stays below, within their relative gap
+    # (< 1e-4 at n = 64).
     attn = mf.SoftmaxAttention(jnp.eye(2), A=-jnp.eye(2))
     x = L.adversarial(attn, 64, 3.0)
     lanczos = L.local(attn, x)
@@ -107,7 +108,8 @@ def test_power_and_lanczos_agree_at_adversarial_input_up_to_the_cluster_width():
 
 def test_masked_small_radius_tends_to_cesaro_norm():
     # As R -> 0 masked attention (V = I) tends to the Cesaro average C_ij = 1/i,
-    # j <= i (docs/math.md: norm 1.47 at n = 16), above the mean-field bound |V| = 1.
+    # j <= i (docs/math/lipschitz.md: norm 1.47 at n = 16), above the mean-field
+    # bound |V| = 1.
     n, d = 16, 2
     attn = mf.SoftmaxAttention(jnp.eye(d), A=jnp.eye(d))
     x = 1e-4 * np.random.default_rng(2).normal(size=(n, d))
@@ -153,7 +155,7 @@ def _slope(ns, values):
 @pytest.mark.slow
 def test_adversarial_inputs_grow_like_sqrt_n(key):
     # gamma = 1, R = 3: e^{2 gamma R^2} = 6.6e7 >> 4096, so the sqrt(n) regime holds
-    # on the whole range (docs/math.md §6).
+    # on the whole range (docs/math/lipschitz.md).
     d, R = 2, 3.0
     attn = mf.SoftmaxAttention(jnp.eye(d), A=-jnp.eye(d))
     ns = 2 ** np.arange(4, 13, 2)  # every other power of 2: one compile per n

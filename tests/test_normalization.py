@@ -1,4 +1,4 @@
-"""Normalisation schemes (docs/math.md §1) against independent NumPy solves.
+"""Normalisation schemes (docs/math/particles.md) against independent NumPy solves.
 
 The schemes are those compared by Karagodin, Polyanskiy & Rigollet and used by
 pre-LN / peri-LN Transformers and nGPT (Loshchilov et al., 2024): each is the
@@ -114,7 +114,10 @@ def test_layers_are_the_residual_blocks(scheme):
 
 
 def test_ngpt_blocks_converge_to_the_flow_at_first_order():
-    """The nGPT block is not an Euler step of its flow; its limit is (math.md §1)."""
+    """The nGPT block is not an Euler step of its flow, yet converges to it.
+
+    The flow is derived in docs/math/particles.md.
+    """
     flow = mf.simulate(
         mf.Particles(jnp.asarray(X0)),
         _attn(),

@@ -3,7 +3,7 @@
 Geshkovski, Letrouit, Polyanskiy & Rigollet ("A mathematical perspective on
 Transformers", 2023): n tokens with equal pairwise inner products rho stay
 equiangular on the sphere, rho' = 2 (1 - rho) ((n - 1) rho + 1) /
-(e^{beta (1 - rho)} + n - 1) (docs/math.md §7).
+(e^{beta (1 - rho)} + n - 1) (docs/math/clusters.md).
 """
 
 import itertools
