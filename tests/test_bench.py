@@ -177,3 +177,21 @@ def test_bench_command_writes_results_and_rejects_bad_config(tmp_path, capsys):
     assert main(["bench", "--config", str(bad), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("meanfield bench: error: unknown key `speed`")
+
+
+def test_replot_draws_into_out_never_beside_the_results(tmp_path, capsys):
+    # A committed results file stays untouched: the figure goes to --out.
+    from pathlib import Path
+
+    from meanfield._app.bench_report import main
+
+    committed = Path(__file__).parents[1] / "benchmarks" / "results"
+    source = tmp_path / "results" / "nscaling_cpu.json"
+    source.parent.mkdir()
+    source.write_text((committed / "nscaling_cpu.json").read_text())
+    out = tmp_path / "scratch"
+    assert main(["--replot", str(source), "--out", str(out)]) == 0
+    assert (out / "nscaling_cpu.png").stat().st_size > 10_000
+    assert sorted(p.name for p in source.parent.iterdir()) == ["nscaling_cpu.json"]
+    assert main(["--replot", str(tmp_path / "missing.json")]) == 2
+    assert "--replot" in capsys.readouterr().err

@@ -5,7 +5,7 @@ cosine-similarity family defined below, each built by its entry of
 `helpers.FAMILY_EXAMPLES`. A registered family without an entry fails here, so a
 family cannot be added without these tests. The cosine family is registered only
 for the tests that use it: it checks that a new family is one class, one
-`@register` line and one test-table entry (docs/adding_an_attention_family.md).
+`@register` line and one test-table entry (docs/how-to/new-attention-family.md).
 
 Sizes are tiny (n = 6 tokens in d = 3), and what the invariants compare is computed
 once per case (the `case` fixture), eagerly: the primitives compile once for all
@@ -44,7 +44,7 @@ def _unit(v):
 class CosineAttention(AbstractKernelAttention):
     """Cosine attention: k(x, y) = exp(beta <x, y> / (|x| |y|)), row-normalised.
 
-    The family of docs/adding_an_attention_family.md, kept in the tests: with
+    The family of docs/how-to/new-attention-family.md, kept in the tests: with
     `@register("cosine")` in meanfield/_attention/cosine.py it would be a library
     family.
 

@@ -249,7 +249,10 @@ def parser(description: str) -> argparse.ArgumentParser:
         help="dimensions per implementation, e.g. keops=2,16 (default: all)",
     )
     p.add_argument(
-        "--replot", default=None, metavar="JSON", help="only redraw a results file"
+        "--replot",
+        default=None,
+        metavar="JSON",
+        help="only redraw a results file, into --out as <name>.png",
     )
     p.add_argument(
         "--name", default=None, help="results name (default: the device, e.g. cpu)"

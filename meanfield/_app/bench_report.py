@@ -172,9 +172,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail("bench", err)
     use_agg()
     if args.replot:
+        # Into --out, never beside the JSON: that may be a committed result.
         path = Path(args.replot)
-        fig = plot(json.loads(path.read_text()))
-        _io.save_figure(fig, path.with_suffix(".png"), dpi=120)
+        try:
+            results = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            return fail("bench", f"cannot read --replot {str(path)!r}: {err}")
+        target = Path(args.out) / path.with_suffix(".png").name
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            _io.save_figure(plot(results), target, dpi=120)
+        except OSError as err:
+            return fail("bench", f"cannot write to {args.out!r}: {err}")
+        print(f"wrote {target}")
         return 0
     # The engine imports JAX (in `_measure`): only once a run is asked for.
     try:

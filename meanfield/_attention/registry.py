@@ -10,7 +10,7 @@ sinkhorn, then unnormalized, linear, relu, sigmoid, then families added later.
 `MultiHeadAttention` is not a family: it combines heads of any families (built in
 code, not from one name and a set of matrices), so it is not registered. Analyses
 see it through `AbstractAttention.flat_heads`. Adding a family:
-docs/adding_an_attention_family.md.
+docs/how-to/new-attention-family.md.
 """
 
 from collections.abc import Callable

@@ -1,8 +1,8 @@
 """Gaussian measures under attention dynamics: affine fields, moment ODE, blow-up.
 
 Public namespace `mf.gaussian` (Castin, Ablin, Carrillo & Peyre, "A Unified
-Perspective on the Dynamics of Deep Transformers", 2025; formulas in
-docs/math/gaussians.md).
+Perspective on the Dynamics of Deep Transformers", 2025). Formulas:
+[Gaussians][math-gaussians] (docs/math/gaussians.md).
 """
 
 from ._ode import (

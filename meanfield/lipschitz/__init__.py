@@ -2,7 +2,7 @@
 
 Public namespace `mf.lipschitz` (Castin, Ablin & Peyre, "How Smooth Is Attention?",
 ICML 2024; mean-field bound of Geshkovski et al., 2023). Formulas:
-docs/math/lipschitz.md.
+[Lipschitz constants][math-lipschitz] (docs/math/lipschitz.md).
 Growth with n (random, adversarial and searched inputs beside the bounds) and the
 layers of a real encoder against the sequence length: `scaling_study`,
 `real_model_study`.
