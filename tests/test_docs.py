@@ -167,3 +167,18 @@ def test_packaging_ships_the_licence_the_type_marker_and_the_docs():
     assert "graft docs" in (ROOT / "MANIFEST.in").read_text()
     citation = (ROOT / "CITATION.cff").read_text()
     assert f"version: {pyproject['project']['version']}" in citation
+
+
+def test_plain_text_docstrings_keep_their_angle_brackets():
+    # `<A x, y>` in a docstring is an inner product; unescaped, the API page
+    # would hand it to the browser as an HTML tag and it would vanish.
+    import importlib.util
+
+    path = ROOT / "docs" / "griffe_plain_text.py"
+    spec = importlib.util.spec_from_file_location("griffe_plain_text", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    escape = module.escape_angle_brackets
+    assert escape("k = e^{<A x, y>}") == "k = e^{&lt;A x, y>}"
+    assert escape("a `<b>` c <d") == "a `<b>` c &lt;d"
+    assert escape("``x < y`` and x < y") == "``x < y`` and x &lt; y"
