@@ -5,6 +5,10 @@ rank-deficient L2 example of docs/math/gaussians.md), tight single-run solves an
 independent SciPy solve of Sigma' = V Sigma A Sigma + (transpose) in t.
 """
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import jax.random as jr
@@ -319,3 +323,69 @@ def test_study_rejects_bad_arguments():
         mf.gaussian.blowup_times(gauss, attns, 1.0, slots=0)
     with pytest.raises(ValueError, match="rtol"):
         mf.gaussian.blowup_times(gauss, attns, 1.0, rtol=-1.0)
+
+
+# The documented example (docs/how-to/blowup.md) in JAX's default float32, in a child
+# process (this suite enables x64), beside the float64 study of the same values
+# (`jax.enable_x64`). Before the study computed in float64 itself, the float32
+# solve ended runs that blow up "failed" (42 of 1000 softmax runs; e^l overflows
+# before the blow-up test can pass) and Sinkhorn runs "failed" or "max_steps" (149
+# of 1000); the first 200 runs hold 8 and 30 of them.
+_FLOAT32_STUDY = """
+import sys
+import jax, jax.numpy as jnp, numpy as np
+import meanfield as mf
+assert not jax.config.jax_enable_x64
+n, path = int(sys.argv[1]), sys.argv[2]
+g = mf.Gaussian(mean=[0.5, 0.0], cov=[[1.0, 0.3], [0.3, 0.5]])
+As = jax.random.normal(jax.random.key(1), (n, 2, 2))
+def study(As, g):
+    batched = lambda cls: jax.vmap(lambda A: cls(jnp.eye(2), A=A))(As)
+    attns = {"softmax": batched(mf.SoftmaxAttention),
+             "sinkhorn": batched(mf.SinkhornAttention)}
+    return mf.gaussian.blowup_times(g, attns, 5.0)
+default = study(As, g)
+with jax.enable_x64(True):
+    f64 = lambda a: jnp.asarray(np.asarray(a, np.float64))
+    x64 = study(f64(As), mf.Gaussian(f64(g.mean), f64(g.cov)))
+np.savez(path, As=As, cov=g.cov, **{
+    f"{which}_{field}_{name}": getattr(res, field)[name]
+    for which, res in (("default", default), ("x64", x64))
+    for field in ("status", "times") for name in ("softmax", "sinkhorn")})
+"""
+
+
+@pytest.mark.parametrize("n", [200, pytest.param(1000, marks=pytest.mark.slow)])
+def test_float32_default_study_matches_float64_and_the_closed_form(tmp_path, n):
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    path = tmp_path / "study.npz"
+    run = subprocess.run(
+        [sys.executable, "-c", _FLOAT32_STUDY, str(n), str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    got = np.load(path)
+    assert got["As"].dtype == np.float32 and got["cov"].dtype == np.float32
+    for name in ("softmax", "sinkhorn"):
+        status = got[f"default_status_{name}"]
+        np.testing.assert_array_equal(status, got[f"x64_status_{name}"])
+        # A float64 solve of the same values either way: equal up to rounding
+        # (1e-12 leaves room for a differently compiled reduction).
+        np.testing.assert_allclose(
+            got[f"default_times_{name}"], got[f"x64_times_{name}"], rtol=1e-12
+        )
+    assert np.all(got["default_status_sinkhorn"] == _status.SUCCESS)
+    # V = I: t* = 1 / lambda_max(Sigma0^{1/2} (A + A^T) Sigma0^{1/2}) (closed form),
+    # to the study's accuracy (1e-6, as in test_v_identity_blowup_times_are_exact).
+    As, cov0 = got["As"].astype(np.float64), got["cov"].astype(np.float64)
+    lam, U = np.linalg.eigh(cov0)
+    root = (U * np.sqrt(lam)) @ U.T
+    top = np.linalg.eigvalsh(root @ (As + np.swapaxes(As, 1, 2)) @ root)[:, -1]
+    t_star = np.where(top > 1 / 5.0, 1 / np.maximum(top, 1e-300), np.inf)
+    blown = np.isfinite(t_star)
+    status, times = got["default_status_softmax"], got["default_times_softmax"]
+    np.testing.assert_array_equal(status[blown], _status.BLOWUP)
+    np.testing.assert_array_equal(status[~blown], _status.SUCCESS)
+    np.testing.assert_allclose(times[blown], t_star[blown], rtol=1e-6)

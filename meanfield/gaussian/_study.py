@@ -145,6 +145,13 @@ def blowup_times(
     rtol + atol on the rate clock (a huge steady Sigma, whose residual in t is the
     state's error times |B|: stationary to the solve's resolution).
 
+    Computed in float64 whatever JAX's default precision (in the scoped,
+    thread-local `jax.enable_x64`; float32 parameters are taken at their float64
+    values): in float32 runs that blow up overflow before the blow-up test can
+    pass, and stiff runs exhaust float32's step floor, ending "failed" or
+    "max_steps". A host-side driver (a loop over chunks, NumPy outputs): call it
+    outside `jax.jit` and `jax.vmap`.
+
     See [Studies of many runs][math-blowup-studies] for the coordinates, clocks and
     passes, and [How a run ends][math-study-outcomes] for the classes.
 
@@ -157,8 +164,7 @@ def blowup_times(
         t_max: horizon.
         t0: initial time (for time-dependent parameters).
         rank_rtol: relative eigenvalue threshold of the numerical rank.
-        rtol: relative tolerance of each solve (default 1e-8 in float64, 1e-5 in
-            float32).
+        rtol: relative tolerance of each solve (default 1e-8).
         atol: absolute tolerance of each solve, S having trace 1 (default rtol / 100).
         max_steps: explicit step budget of each run; the implicit pass gets an
             twentieth of it (status "max_steps" beyond both).
@@ -170,7 +176,7 @@ def blowup_times(
         progress: print a progress bar over the chunks (tqdm).
 
     Returns:
-        A `BlowupStudy`.
+        A `BlowupStudy` (NumPy arrays; times and rates in float64).
 
     Raises:
         ValueError: bad horizon, tolerances or attention; an attention that is
@@ -180,9 +186,8 @@ def blowup_times(
     if not isinstance(attns, Mapping):
         attns = {type(attns).__name__: attns}
     check_finite_times(t0=t0, t_max=t_max)
-    dtype = jnp.promote_types(gauss.mean.dtype, jnp.result_type(float))
     if rtol is None:
-        rtol = 1e-8 if dtype == jnp.float64 else 1e-5
+        rtol = 1e-8
     if atol is None:
         atol = rtol / 100
     check_tolerances(rtol, atol)
@@ -197,8 +202,6 @@ def blowup_times(
     for label, value in (("slots", slots), ("chunk_size", chunk_size)):
         if int(value) < 1:
             raise ValueError(f"`{label}` must be a positive integer; got {value}.")
-    cov0 = jnp.asarray(np.asarray(gauss.cov, np.float64), dtype)
-    # Traced, so that one compilation serves every horizon, threshold and tolerance.
     settings = dict(
         t0=float(t0),
         t_max=float(t_max),
@@ -208,12 +211,54 @@ def blowup_times(
         rtol=float(rtol),
         atol=float(atol),
     )
+    # Float64 whatever JAX's default (scoped and thread-local, as in
+    # `density.simulate`). In float32 e^l must stay below sqrt(max) ~ 1.8e19 (|B|
+    # representable) while a blow-up must first pass 1e16 over its growth bound, and
+    # steps near t* or on stiff Sinkhorn runs hit the float32 step floor: on the
+    # documented example 42 of 1000 softmax runs that blow up ended "failed" and
+    # 149 of 1000 Sinkhorn runs "failed" or "max_steps" (float64: none).
+    with jax.enable_x64(True):
+        times, fraction, rank, rate, status, steps = _solve_variants(
+            gauss,
+            attns,
+            settings,
+            slots=int(slots),
+            max_steps=int(max_steps),
+            chunk_size=int(chunk_size),
+            progress=progress,
+        )
+    return BlowupStudy(
+        t_max=float(t_max),
+        times=times,
+        fraction=fraction,
+        rank=rank,
+        rate=rate,
+        status=status,
+        steps=steps,
+    )
+
+
+def _solve_variants(gauss, attns, settings, *, slots, max_steps, chunk_size, progress):
+    """The solves of `blowup_times` (arguments checked there), under x64.
+
+    Returns:
+        The dicts (times, fraction, rank, rate, status, steps) of `BlowupStudy`.
+    """
+    dtype = jnp.float64
+    t0 = settings["t0"]
+    cov0 = jnp.asarray(np.asarray(gauss.cov, np.float64), dtype)
+    # Traced, so that one compilation serves every horizon, threshold and tolerance.
     settings = {key: jnp.asarray(value, dtype) for key, value in settings.items()}
     times, fraction, rank, rate, status, steps = {}, {}, {}, {}, {}, {}
     for name, attn in attns.items():
         attn, first = as_batch(attn, gauss, name)
-        frame_only = _needs_frame(first, float(t0), cov0.shape[0])
+        frame_only = _needs_frame(first, t0, cov0.shape[0])
         arrays, static = eqx.partition(attn, eqx.is_array)
+        # float32 parameters (JAX's default) are solved as the float64 they equal.
+        arrays = jax.tree.map(
+            lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a,
+            arrays,
+        )
         leaves = jax.tree.leaves(arrays)
         if not leaves:
             raise ValueError("`attns` must hold arrays with a leading batch axis.")
@@ -236,23 +281,15 @@ def blowup_times(
                 static,
                 cov0,
                 **settings,
-                slots=int(slots),
-                max_steps=int(max_steps),
+                slots=slots,
+                max_steps=max_steps,
                 frame_only=frame_only,
             )
             parts.append([np.asarray(o)[: min(width, size - start)] for o in out])
         t, r, g, s, n = (np.concatenate(p) for p in zip(*parts, strict=True))
         times[name], rank[name], rate[name], status[name], steps[name] = t, r, g, s, n
         fraction[name] = float(np.mean(s == _status.BLOWUP))
-    return BlowupStudy(
-        t_max=float(t_max),
-        times=times,
-        fraction=fraction,
-        rank=rank,
-        rate=rate,
-        status=status,
-        steps=steps,
-    )
+    return times, fraction, rank, rate, status, steps
 
 
 def _needs_frame(attn, t0, d) -> bool:
