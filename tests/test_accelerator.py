@@ -93,8 +93,12 @@ def test_tiny_suite_runs_every_part_on_cpu(tmp_path):
     out = tmp_path / "acc"
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
+    argv = [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), "--no-progress"]
+    # A budget well above the suite's ~35 s: on a loaded machine the default (90 s)
+    # would skip sweep cases, and this test checks answers, not speed.
+    argv += ["--budget", "500"]
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--tiny", "--out", str(out), "--no-progress"],
+        argv,
         cwd=tmp_path,  # the script finds the repository itself
         env=env,
         capture_output=True,
