@@ -432,7 +432,10 @@ def main(argv=None) -> int:
     use_agg()
     import accelerator_parts as parts  # noqa: E402 (beside this script)
 
-    output = Output(args.out, progress=args.progress)
+    try:
+        output = Output(args.out, progress=args.progress)
+    except ValueError as err:  # empty, cannot be created or written
+        return fail(parser, err)
     name = f"accelerator_{'tiny_' if args.tiny else ''}{device_name()}"
     config = dict(vars(args), budget=budget, sizes=sizes, impls=IMPLS)
     result = dict(manifest={}, parts={})
@@ -448,7 +451,11 @@ def main(argv=None) -> int:
         if args.progress:
             print(message, file=sys.stderr, flush=True)
 
-    with output.locked():
+    try:
+        output.lock()  # two suites never write into one directory
+    except ValueError as err:  # DirectoryInUse
+        return fail(parser, err)
+    try:
         if "a" in args.parts:
             log("a: correctness")
             run_part(
@@ -511,8 +518,19 @@ def main(argv=None) -> int:
         result["targets"] = targets(result)
         save()
         output.figure(plot(result), f"{name}.png", dpi=120)
+    except OSError as err:  # full disk, directory removed mid-run
+        return fail(parser, f"cannot write to {args.out!r}: {err}")
+    finally:
+        output.unlock()
     print(summary(result))
     return 0
+
+
+def fail(parser: argparse.ArgumentParser, err: Exception | str) -> int:
+    """`<prog>: error: <message>` on one line of stderr, as argparse; return 2."""
+    message = " ".join(str(err).split())
+    print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

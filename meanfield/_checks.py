@@ -161,17 +161,36 @@ def check_shape(arr: jax.Array, shape: tuple, name: str, meaning: str) -> None:
 
 
 def check_finite_times(**times) -> None:
-    """ValueError unless every time (a number) is finite: `t1=inf` has no solve."""
+    """ValueError unless every time is a concrete, finite number.
+
+    `t1=inf` has no solve; a traced time (under jax.jit or jax.vmap) cannot set
+    the compile-time constants the solves derive from it (the solver clock's
+    length, the save fractions, a layer's step).
+    """
     for name, value in times.items():
+        if is_traced(value):
+            raise ValueError(
+                f"`{name}` must be a concrete number, not an array traced by "
+                "jax.jit or jax.vmap: the compiled solve depends on its value (the "
+                "solver clock's length, the save fractions). Pass it as a static "
+                "argument or close over it; one compilation serves times of about "
+                "the same length."
+            )
         if not math.isfinite(float(value)):
             raise ValueError(f"`{name}` must be a finite time; got {value}.")
 
 
 def check_tolerances(rtol, atol) -> None:
-    """ValueError unless rtol, atol >= 0 and not both 0 (the step would vanish)."""
+    """ValueError unless rtol, atol are finite, >= 0 and not both 0.
+
+    0 is accepted for one of them (pure absolute or relative control); inf would
+    accept any step, NaN none. A tolerance below the dtype's resolution is
+    accepted (atol = 1e-300 is meaningful for tokens of that size): where it
+    cannot be met the step falls to the floor and the solve ends "failed".
+    """
     for name, value in (("rtol", rtol), ("atol", atol)):
-        if not float(value) >= 0:
-            raise ValueError(f"`{name}` must be >= 0; got {value}.")
+        if not (float(value) >= 0 and math.isfinite(float(value))):
+            raise ValueError(f"`{name}` must be >= 0 and finite; got {value}.")
     if not (float(rtol) > 0 or float(atol) > 0):
         raise ValueError(
             "`rtol` and `atol` must not both be 0: the adaptive step would shrink "

@@ -16,7 +16,7 @@ from jaxtyping import Array, ArrayLike, Float, Int
 
 from . import _normalization, _status
 from ._attention.base import AbstractAttention
-from ._checks import check_finite_times, check_tolerances, host_array, is_traced
+from ._checks import check_finite_times, check_tolerances, is_traced
 from ._clock import (
     checked_on_host,
     clock_length,
@@ -24,12 +24,19 @@ from ._clock import (
     save_fractions,
     to_t,
 )
-from ._linalg import host_row_norms, row_norms
+from ._events import (
+    EndTrackingPID,
+    SignBisection,
+    final_status,
+    singular_soon,
+    stop_condition,
+)
+from ._linalg import row_norms
 from ._measures import AbstractParticles
 from ._normalization import NORMALIZATIONS as NORMALIZATIONS
 from ._normalization import ON_SPHERE
 from ._repr import fields_repr, status_brief
-from ._step_floor import FlooredPIDController
+from ._simulate_inputs import check_options, check_start, invalid_start
 
 _ADAPTIVE_SOLVERS = {
     "tsit5": dfx.Tsit5,
@@ -47,11 +54,17 @@ SOLVERS = tuple(sorted(_ADAPTIVE_SOLVERS) + sorted(_FIXED_STEP_SOLVERS))
 class Solution(eqx.Module):
     """Trajectory of a particle measure under attention dynamics.
 
+    Every row of x is the state at its entry of ts, never at another time. With
+    `saveat=None` the rows are the start and the state where the solve stopped:
+    ts = (t0, t_final), t_final = t1 unless it stopped early (blow-up,
+    max_steps, a failure). With explicit save times, a time after such a stop
+    was not reached: its entry of ts and its row of x are +inf.
+
     Attributes:
-        ts: save times, shape (T,). Entries after an early stop (blow-up) are +inf.
-        x: positions, shape (T, n, d); rows after an early stop are +inf.
-        blowup_time: first time max_i |x_i| reached `blowup_radius` (or the velocity
-            overflowed the dtype), +inf if it did not.
+        ts: save times, shape (T,); +inf where not reached (see above).
+        x: positions, shape (T, n, d); rows not reached are +inf.
+        blowup_time: first time max_i |x_i| reached `blowup_radius` (or another
+            blow-up rule of `simulate` fired), +inf if it did not.
         result: integer result code (`mf.Status`); `status` gives its name.
         t_final: time at which integration stopped.
         num_steps: accepted + rejected solver steps (L for `layers`).
@@ -165,66 +178,13 @@ def _check_common(measure, attn, normalization):
             f"`normalization` must be one of {NORMALIZATIONS}; got {normalization!r}."
         )
     if _normalization.needs_directions(normalization) and not is_traced(measure.x):
-        zero = ~np.any(host_array(measure.x) != 0, axis=-1)
-        if zero.any():
-            rows = np.flatnonzero(zero).tolist()
-            raise ValueError(
-                "`measure` must have no zero token with "
-                f"normalization={normalization!r} (it has no direction); rows "
-                f"{rows[:5]} are zero."
-            )
+        check_start(measure.x, normalization, math.inf)
     return measure
 
 
 def _on_sphere(measure):
     """The measure with every token normalised (inside the jitted solves)."""
     return eqx.tree_at(lambda m: m.x, measure, measure.x / row_norms(measure.x, True))
-
-
-def _check_start_inside(x, blowup_radius) -> None:
-    # Only an upward crossing of the radius is an event: a start at or beyond
-    # it would run as if nothing happened.
-    if is_traced(x):
-        return
-    start = float(np.max(host_row_norms(host_array(x))))
-    if not start < blowup_radius:
-        raise ValueError(
-            f"`blowup_radius` must exceed the initial radius max_i |x_i| = {start:g}; "
-            f"got {blowup_radius}."
-        )
-
-
-def _final_result(dfx_result, event_mask, flags, stopped_at_event):
-    """Map diffrax's result and our flags to a meanfield result code.
-
-    `event_mask` is the single stop condition's (`_solve`): True when it fired.
-    `stopped_at_event`: the stop condition holds at the final state.
-    """
-    hit_event = jnp.asarray(event_mask)
-    code = jnp.where(
-        dfx_result == dfx.RESULTS.max_steps_reached, _status.MAX_STEPS, _status.FAILED
-    )
-    code = jnp.where(dfx_result == dfx.RESULTS.successful, _status.SUCCESS, code)
-    # Under jax.vmap (`mf.simulate_ensemble`) diffrax reports the event's root
-    # find as "nonlinear_max_steps_reached" for members whose event it did
-    # locate, with event_mask False (their t_final equals the single solve's
-    # blow-up time to every digit). That result counts as the event only where
-    # the stop condition holds at the final state: an implicit solver's Newton
-    # failure reports the same code without any blow-up.
-    ended_by_event = (
-        (dfx_result == dfx.RESULTS.event_occurred)
-        | (dfx_result == dfx.RESULTS.dt_min_reached)
-        | ((dfx_result == dfx.RESULTS.nonlinear_max_steps_reached) & stopped_at_event)
-        | hit_event
-    )
-    code = jnp.where(ended_by_event, _status.BLOWUP, code)
-    # A field from unconverged Sinkhorn iterations is not the model's: its status
-    # wins over a blow-up seen through it (Sinkhorn attention is bounded, |V| R,
-    # so a flagged blow-up there comes from the failed solve, e.g. overflowing
-    # logits, not from the dynamics).
-    sinkhorn_failed = flags[1] != 0
-    code = jnp.where(sinkhorn_failed, _status.SINKHORN_NOT_CONVERGED, code)
-    return code, ended_by_event & ~sinkhorn_failed
 
 
 def simulate(
@@ -261,14 +221,20 @@ def simulate(
         attn: the attention velocity field.
         t1: final time.
         t0: initial time.
-        saveat: times (T,) in [t0, t1] at which to save; None saves t0 and t1.
+        saveat: times (T,) in [t0, t1] at which to save; None saves t0 and the
+            end of the solve, t_final (t1 unless it stopped early). Times after
+            an early stop are +inf in `ts` and `x`.
         solver: "tsit5" (adaptive, default), "dopri5", "dopri8", "bosh3", "heun",
             "midpoint", "ralston", "euler" (fixed step: needs `dt0`), or a diffrax
             solver instance.
-        rtol: relative tolerance of the adaptive step-size controller.
-        atol: absolute tolerance of the adaptive step-size controller.
+        rtol: relative tolerance of the adaptive step-size controller: finite,
+            >= 0. A tolerance the dtype cannot resolve ends at the step floor,
+            with status "failed".
+        atol: absolute tolerance of the adaptive step-size controller: finite,
+            >= 0, not 0 with rtol.
         dt0: initial step; when given, the step is constant (fixed-step solve).
-        max_steps: step budget; running out gives status "max_steps", not an error.
+        max_steps: step budget, an integer; running out gives status
+            "max_steps", not an error.
         normalization: where the LayerNorm sits (`meanfield._normalization`,
             docs/math/particles.md): None; "sphere", the post-LN model of Geshkovski et
             al. (x_i' = P_{x_i}^perp Gamma(x_i)); "pre-ln" (x_i' = Gamma_nu(theta_i),
@@ -282,21 +248,30 @@ def simulate(
             by root finding on log max_i |x_i| - log R). A blow-up is also reported
             when the velocity overflows the dtype or the e-folding time
             max|x| / max|x'| drops below max(1e-10 (t - t0), 1000 ulps of
-            max(|t|, 1)), or an adaptive step falls below 100 ulps of max(|t|, 1):
-            no solver can make progress there, and the blow-up time is then that
-            close. Neither rule depends on t1.
+            max(|t|, 1)). An adaptive step below 100 ulps of max(|t|, 1) ends
+            the solve too: as a blow-up when the radius has grown and a power law
+            fitted to it puts the singularity within 1000 such steps, else as
+            "failed" (no evidence of growth: e.g. a tolerance the dtype cannot
+            meet; always with a normalization, which bounds the speed). No rule
+            depends on t1.
         progress: show a tqdm progress bar.
         adjoint: a diffrax adjoint for differentiation (default: recursive
             checkpointing, reverse mode). Use `diffrax.ForwardMode()` for jax.jvp.
 
     Returns:
-        A `Solution` (ts, x, blowup_time, status, measure(i)).
+        A `Solution` (ts, x, blowup_time, status, measure(i)). Under jax.jit or
+        jax.vmap, where the tokens are traced and cannot be checked on the host,
+        a zero token under a normalization or a start at or beyond
+        `blowup_radius` gives status "invalid_input" instead of the ValueError.
 
     Raises:
-        ValueError: bad measure/attention type, unknown solver or normalization,
-            fixed-step solver without dt0, t0 or t1 not finite, t1 <= t0,
-            blowup_radius not above the initial radius, negative rtol/atol or
-            both 0, a zero token with a normalization.
+        ValueError: bad measure/attention type, tokens neither float32 nor
+            float64, unknown solver or normalization, fixed-step solver without
+            dt0, t0 or t1 traced (under jax.jit) or not finite, t1 <= t0,
+            blowup_radius not above the initial radius, rtol/atol negative,
+            non-finite or both 0, max_steps not an integer >= 1, adjoint not a
+            diffrax adjoint, ngpt_alpha not finite, a zero token with a
+            normalization.
     """
     measure = _check_common(measure, attn, normalization)
     solver, adaptive = _solver(solver)
@@ -305,14 +280,12 @@ def simulate(
         raise ValueError(f"`t1` must be greater than `t0`; got t0={t0}, t1={t1}.")
     if not blowup_radius > 0:
         raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
-    # On the sphere every token starts at radius 1.
-    _check_start_inside(
-        np.ones((1, 1)) if normalization in ON_SPHERE else measure.x, blowup_radius
-    )
+    check_options(measure.x.dtype, max_steps, adjoint, ngpt_alpha)
+    traced = is_traced(measure.x)
+    if not traced:
+        check_start(measure.x, normalization, blowup_radius)
     if adaptive and dt0 is None:
         check_tolerances(rtol, atol)
-    if int(max_steps) < 1:
-        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps}.")
     if dt0 is None and not adaptive:
         raise ValueError("fixed-step `solver` needs a step size: pass `dt0`.")
     if dt0 is not None and not float(dt0) > 0:
@@ -329,7 +302,7 @@ def simulate(
         ts = None if saveat is None else saveat.astype(dtype)
     else:
         ts = np.asarray(saveat, dtype)
-    return _solve(
+    sol = _solve(
         measure,
         attn,
         np.asarray(t0, dtype),
@@ -348,6 +321,17 @@ def simulate(
         progress=bool(progress),
         adjoint=adjoint,
     )
+    if traced:  # the checks `check_start` makes on the host, per member
+        bad = invalid_start(measure.x, normalization, blowup_radius)
+        sol = eqx.tree_at(
+            lambda s: (s.result, s.blowup_time),
+            sol,
+            (
+                jnp.where(bad, _status.INVALID_INPUT, sol.result),
+                jnp.where(bad, jnp.inf, sol.blowup_time),
+            ),
+        )
+    return sol
 
 
 @eqx.filter_jit
@@ -384,54 +368,32 @@ def _solve(
     x0 = measure.x
     dtype = x0.dtype
     rate = (t1 - t0) / length  # dt/ds
-    # diffrax's event code compares condition values with a Python 0.0 inside a
-    # lax.cond, so they must be in the default float dtype (float64 under x64).
-    cond_dtype = jnp.result_type(float)
     if fractions is None:
         user_save = dfx.SubSaveAt(t0=True, t1=True)
-        ts = jnp.stack([t0, t1])
     else:
         user_save = dfx.SubSaveAt(ts=jnp.asarray(fractions, dtype) * length)
     # Always also save the final state: it tells where an early stop happened.
-    save = dfx.SaveAt(subs=(user_save, dfx.SubSaveAt(t1=True)))
-
-    if ds0 is not None:
-        controller = dfx.ConstantStepSize()
-    else:
+    # An adaptive solve also returns its controller's state: the last accepted
+    # step's end (`_events`).
+    adaptive = ds0 is None
+    save = dfx.SaveAt(
+        subs=(user_save, dfx.SubSaveAt(t1=True)), controller_state=adaptive
+    )
+    if adaptive:
         # The flags are indicators, not dynamics: keep them out of the error norm.
-        # A step below 100 ulps of t cannot resolve the solution: near a blow-up
-        # whose velocity changes faster than |x| does (super-exponential growth),
-        # the e-folding rule may not fire first. Stop there and report a blow-up.
-        controller = FlooredPIDController(
+        # A step below 100 ulps of t cannot resolve the solution: stop there
+        # (a blow-up only with growth evidence, below).
+        controller = EndTrackingPID(
             rtol=rtol,
             atol=atol,
             norm=lambda y: optx.rms_norm(y[0]),
             t_start=t0,
             dt_ds=rate,
         )
-    tiny = jnp.finfo(dtype).tiny
-
-    def radius_crossed(s, y, args, **kwargs):
-        # Log scale keeps the condition O(1) (pitfall in float32).
-        radius = jnp.max(row_norms(y[0]))
-        return (jnp.log(jnp.maximum(radius, tiny)) - log_radius).astype(cond_dtype)
-
-    def blowing_up(s, y, args, **kwargs):
-        # |F| - tiny, F the integrated "blowing up" indicator: 0 until the first
-        # flagged step, then ~ c (s - s_flag), so the root is the flag time. (A
-        # boolean condition would be simpler, but diffrax 0.7 mixes dtypes on it.)
-        return (jnp.abs(y[1][0]) - tiny).astype(cond_dtype)
-
-    def stopping(t, y, args, **kwargs):
-        # diffrax passes t, y, args by keyword. One scalar condition, positive
-        # once either has crossed: bisection on its sign finds the first crossing
-        # in the step (no Jacobian or linear solve to compile, unlike Newton).
-        return jnp.maximum(radius_crossed(t, y, args), blowing_up(t, y, args))
-
+    else:
+        controller = dfx.ConstantStepSize()
     # The event time to 64 ulps of s (relative), or far below any step near 0.
-    bisection = optx.Bisection(
-        rtol=64 * float(jnp.finfo(dtype).eps), atol=1e-30, flip=False
-    )
+    bisection = SignBisection(rtol=64 * float(jnp.finfo(dtype).eps), atol=1e-30)
     meter = (
         dfx.TqdmProgressMeter(refresh_steps=20) if progress else dfx.NoProgressMeter()
     )
@@ -449,25 +411,45 @@ def _solve(
             saveat=save,
             stepsize_controller=controller,
             max_steps=max_steps,
-            event=dfx.Event(stopping, root_finder=bisection),
+            event=dfx.Event(stop_condition(log_radius, dtype), root_finder=bisection),
             throw=False,
             progress_meter=meter,
             **kwargs,
         )
-    (s_saved, s_end), ((xs, _), (x_end, flags_end)) = sol.ts, sol.ys
-    # The requested times where reached (diffrax marks the others +inf), and the
-    # stop in t: exactly t1 at the end of the clock.
-    ts = jnp.where(jnp.isfinite(s_saved), ts.astype(dtype), jnp.inf)
-    t_final = jnp.where(s_end[0] == length, t1, to_t(s_end[0], t0, rate))
+    (s_saved, (s_end,)), ((xs, _), ((x_end,), (flags_end,))) = sol.ts, sol.ys
+    event = sol.result == dfx.RESULTS.event_occurred
+    if adaptive:
+        # Without an event the solve ended after its last accepted step; vmapped
+        # beside a member whose event fired, diffrax may report a rejected
+        # step's end instead (`_events`).
+        _, s_step, (x_step, flags_step) = sol.controller_state
+        s_end = jnp.where(event, s_end, s_step)
+        x_end = jnp.where(event, x_end, x_step)
+        flags_end = jnp.where(event, flags_end, flags_step)
+    # The stop in t: exactly t1 at the end of the clock.
+    t_final = jnp.where(s_end == length, t1, to_t(s_end, t0, rate))
+    if fractions is None:
+        # The last row is the state where the solve stopped: labelled t_final,
+        # never t1 after an early stop.
+        ts = jnp.stack([t0, t_final])
+        xs = xs.at[-1].set(x_end)
+    else:
+        # The requested times where reached (diffrax marks the others +inf).
+        ts = jnp.where(jnp.isfinite(s_saved), ts.astype(dtype), jnp.inf)
     if normalization in ON_SPHERE:
         # Projection method (Hairer, Lubich & Wanner, GNI IV.4): the field is evaluated
         # at x/|x|, so radial round-off (O(rtol t)) never feeds back; report x/|x|.
         norms = row_norms(xs, keepdims=True)
         xs = jnp.where(jnp.isfinite(norms), xs / norms, xs)
-    # The bisection brackets the crossing: the final state may sit up to its
-    # tolerance before it (log-radius within 1e-6 of log R, or a nonzero flag).
-    at_event = stopping(s_end[0], (x_end[0], flags_end[0]), None) > -1e-6
-    result, blew_up = _final_result(sol.result, sol.event_mask, flags_end[0], at_event)
+    floor_blowup = False
+    if adaptive and normalization is None:
+        # Every normalization bounds the speed: no blow-up in finite time there.
+        def velocity(x, t):
+            return _normalization.velocity(attn, measure, x, t, None, alpha)[0]
+
+        start = jnp.max(row_norms(x0))
+        floor_blowup = singular_soon(velocity, x_end, t_final, start)
+    result, blew_up = final_status(sol.result, flags_end, floor_blowup)
     blowup_time = jnp.where(blew_up, t_final, jnp.inf)
     return Solution(
         ts=ts,

@@ -6,6 +6,7 @@ ordinary `simulate` solve; here they are vmapped together, in equal chunks so
 that memory stays bounded and one compilation serves every chunk.
 """
 
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -16,8 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._attention.base import AbstractAttention
+from ._checks import check_finite_times, is_traced
 from ._dynamics import Solution, simulate
 from ._measures import AbstractParticles
+from ._simulate_inputs import check_start, is_integer
 
 
 def _leading(tree) -> set[int]:
@@ -70,11 +73,17 @@ def simulate_ensemble(
         A `Solution` whose every field has the batch axis first: ts (B, T),
         x (B, T, n, d), blowup_time, result, t_final and num_steps (B,), and the
         B initial measures. `status` is then an array of B names. With
-        `reduce`, its output over the B systems instead.
+        `reduce`, its output over the B systems instead. Each system's status,
+        blow-up time and saves are those of its own `simulate` (to rounding):
+        one system's blow-up or early stop changes no other.
 
     Raises:
-        ValueError: `measures` without a batch axis, or a batched `attn` whose
-            batch size differs; anything `simulate` rejects.
+        ValueError: `measures` without a batch axis or with B = 0; a batched
+            `attn` whose batch size differs; `chunk_size` not an integer >= 1;
+            t1 traced (under jax.jit) or not finite; a `reduce` whose outputs
+            lack the batch axis; anything `simulate` rejects, for any system
+            (a zero token under a normalization, a start at or beyond
+            `blowup_radius`: checked on the host before the solves).
     """
     if not isinstance(measures, AbstractParticles):
         raise ValueError(
@@ -87,16 +96,32 @@ def simulate_ensemble(
             f"jax.vmap(mf.Particles)(xs); got x of shape {measures.x.shape}."
         )
     size = measures.x.shape[0]
+    if size == 0:
+        raise ValueError("`measures` must hold at least one system; got B = 0.")
+    check_finite_times(t1=t1, t0=options.get("t0", 0.0))
     sizes = _leading(attn)
-    if batched_attention is None:
+    inferred = batched_attention is None
+    if inferred:
         batched_attention = sizes == {size}
     if batched_attention and sizes != {size}:
         raise ValueError(
             f"a batched `attn` must have leading size B = {size} on every array "
             f"leaf; got leading sizes {sorted(sizes)}."
         )
-    if chunk_size is not None and int(chunk_size) < 1:
-        raise ValueError(f"`chunk_size` must be a positive integer; got {chunk_size}.")
+    if chunk_size is not None and (
+        isinstance(chunk_size, bool) or not is_integer(chunk_size) or chunk_size < 1
+    ):
+        raise ValueError(f"`chunk_size` must be an integer >= 1; got {chunk_size!r}.")
+    if not is_traced(measures.x):
+        # simulate's checks of the tokens, on the host for every system: traced
+        # inside the vmap they could only mark a member "invalid_input".
+        defaults = inspect.signature(simulate).parameters
+        check_start(
+            measures.x,
+            options.get("normalization", defaults["normalization"].default),
+            options.get("blowup_radius", defaults["blowup_radius"].default),
+            name="measures",
+        )
     # Host arrays (saveat) as tuples: options are compile-time constants, like
     # simulate's own save fractions.
     static_options = tuple(
@@ -116,14 +141,26 @@ def simulate_ensemble(
         take = lambda tree, idx=idx: jax.tree.map(  # noqa: E731
             lambda a: a[idx] if eqx.is_array(a) else a, tree
         )
-        chunk = _solve_chunk(
-            take(measures),
-            take(attn) if batched_attention else attn,
-            t1,
-            batched_attention,
-            static_options,
-            reduce,
-        )
+        try:
+            chunk = _solve_chunk(
+                take(measures),
+                take(attn) if batched_attention else attn,
+                t1,
+                batched_attention,
+                static_options,
+                reduce,
+            )
+        except (ValueError, TypeError) as err:
+            # Leading size k != B on every leaf: a batch of the wrong size?
+            looks_batched = inferred and not batched_attention and len(sizes) == 1
+            if looks_batched and not _works_shared(attn, take(measures)):
+                raise ValueError(
+                    f"`attn` failed as one attention shared by the B = {size} "
+                    f"systems, and every array leaf has leading size "
+                    f"{next(iter(sizes))}: a batched `attn` must have leading size "
+                    f"B = {size} ({err})"
+                ) from err
+            raise
         keep = min(width, size - start)
         parts.append(jax.tree.map(lambda a, keep=keep: a[:keep], chunk))
     if len(parts) == 1:
@@ -131,9 +168,32 @@ def simulate_ensemble(
     return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
 
 
+def _works_shared(attn, measures) -> bool:
+    """Whether `attn`'s velocity traces on one system of `measures`."""
+    one = jax.tree.map(lambda a: a[0] if eqx.is_array(a) else a, measures)
+    try:
+        eqx.filter_eval_shape(lambda a, m: a.velocity(m), attn, one)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
 @eqx.filter_jit
 def _solve_chunk(measures, attn, t1, batched_attention, options, reduce):
     """One compiled vmap of `simulate` over a chunk of systems, then `reduce`."""
     solve = lambda m, a: simulate(m, a, t1, **dict(options))  # noqa: E731
     sol = jax.vmap(solve, in_axes=(0, 0 if batched_attention else None))(measures, attn)
-    return sol if reduce is None else reduce(sol)
+    if reduce is None:
+        return sol
+    out = reduce(sol)
+    # Checked while tracing, before anything runs: chunks are cut and joined
+    # along the first axis of every output leaf.
+    width = measures.x.shape[0]
+    shapes = [jnp.shape(a) for a in jax.tree.leaves(out)]
+    if not shapes or any(not shape or shape[0] != width for shape in shapes):
+        raise ValueError(
+            "`reduce` must return a pytree of arrays with the batch axis first "
+            f"(leading size {width}, the systems of a chunk); got leaves of shapes "
+            f"{shapes}."
+        )
+    return out

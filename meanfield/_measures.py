@@ -204,8 +204,18 @@ class Gaussian(AbstractMeasure):
 
         Returns:
             `Particles` with x of shape (n, d) and weights 1/n.
+
+        Raises:
+            ValueError: `n` not a positive integer.
         """
+        # A shape: checked here, or XLA fails on it with no argument's name.
+        try:
+            ok = not isinstance(n, bool) and int(n) == n and n >= 1
+        except (TypeError, ValueError):  # None, a string, NaN, a traced value
+            ok = False
+        if not ok:
+            raise ValueError(f"`n` must be a positive integer; got {n!r}.")
         chol = jnp.linalg.cholesky(self.cov)
-        z = jr.normal(key, (n, self.dim), dtype=self.mean.dtype)
+        z = jr.normal(key, (int(n), self.dim), dtype=self.mean.dtype)
         x = self.mean[None, :] + z @ chol.T
         return Particles(x)

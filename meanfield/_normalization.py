@@ -53,6 +53,12 @@ def velocity(attn, measure, x, t, normalization, alpha):
         # in x never feeds back (projection method).
         x = x / row_norms(x, keepdims=True)
     mu = eqx.tree_at(lambda m: m.x, measure, x)
+    if normalization == "sphere":
+        # From differences where the family can (relative precision at large
+        # beta); else the projection of the field.
+        tangent = attn.sphere_velocity(mu, t=t)
+        if tangent is not None:
+            return tangent.astype(x.dtype), jnp.array(True)
     vel, ok = attn.velocity_and_status(mu, t=t)
     if normalization == "sphere":
         vel = _project(x, vel)

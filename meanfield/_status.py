@@ -30,6 +30,11 @@ class Status(enum.IntEnum):
             floor (label "failed").
         STATIONARY: a Gaussian study's covariance stopped moving before its
             horizon (`mf.gaussian.blowup_times`; label "stationary").
+        INVALID_INPUT: an input check that `mf.simulate` makes on the host failed
+            on inputs traced under jax.jit or jax.vmap, where it cannot raise: a
+            zero token under a normalization that needs its direction, or a
+            start at or beyond `blowup_radius` (label "invalid_input"). Concrete
+            inputs (including `mf.simulate_ensemble`'s) raise a ValueError.
     """
 
     SUCCESS = 0
@@ -38,6 +43,7 @@ class Status(enum.IntEnum):
     SINKHORN_NOT_CONVERGED = 3
     FAILED = 4
     STATIONARY = 5
+    INVALID_INPUT = 6
 
     @property
     def label(self) -> str:
@@ -51,6 +57,7 @@ MAX_STEPS = int(Status.MAX_STEPS)
 SINKHORN_NOT_CONVERGED = int(Status.SINKHORN_NOT_CONVERGED)
 FAILED = int(Status.FAILED)
 STATIONARY = int(Status.STATIONARY)
+INVALID_INPUT = int(Status.INVALID_INPUT)
 
 NAMES = {int(s): s.label for s in Status}
 

@@ -143,6 +143,24 @@ def test_tiny_suite_runs_every_part_on_cpu(tmp_path):
     assert [t["met"] for t in result["targets"]] == [None] * 4
 
 
+@pytest.mark.parametrize("where", ["under_a_file", "empty"])
+def test_an_unusable_out_is_one_line_and_exit_2(tmp_path, where):
+    (tmp_path / "file").write_text("x")
+    out = str(tmp_path / "file" / "acc") if where == "under_a_file" else ""
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--tiny", "--out", out, "--no-progress"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr[-3000:]
+    err = run.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("accelerator.py: error:")
+    assert "output directory" in err[0] and "Traceback" not in run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_torch_peer_where_torch_is_installed():
     # CI has no torch (the GPU image has): run where it imports. Checked here
     # once with torch 2.14 on a CPU: errors 2.4e-7 to 1.1e-6 (float32), 3e-3 to

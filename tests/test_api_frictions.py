@@ -317,6 +317,7 @@ def test_status_codes_have_public_names():
         "sinkhorn_not_converged": 3,
         "failed": 4,
         "stationary": 5,
+        "invalid_input": 6,
     }
     sol = _solution(np.zeros((T, 2, 2)) + np.arange(2.0)[:, None])
     assert sol.result == mf.Status.SUCCESS

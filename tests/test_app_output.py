@@ -1,33 +1,88 @@
 """Output directories of the commands: one run at a time, never a mixed set."""
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
-from meanfield._app.report import LOCK, DirectoryInUse, Output
+from meanfield._app.report import LOCK, DirectoryInUse, Output, UnusableDirectory
+
+
+@contextlib.contextmanager
+def _live_run(directory):
+    """Another process that holds `directory`'s lock, as a run does, meanwhile."""
+    code = (
+        "import sys; from meanfield._app.report import Output; "
+        "Output(sys.argv[1]).lock(); print('locked', flush=True); sys.stdin.read()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(directory)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        yield proc
+    finally:
+        proc.kill()  # killed, as by the OOM killer: the lock file stays
+        proc.wait()
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def _lock_pid(directory) -> int:
+    return json.loads((directory / LOCK).read_text())["pid"]
 
 
 def test_a_live_run_holds_the_directory_and_a_dead_one_does_not(tmp_path):
     out = Output(tmp_path / "run")
-    # Another live process (this test's parent) holds the lock.
-    (out.dir / LOCK).write_text(f"{os.getppid()}\n")
-    with pytest.raises(DirectoryInUse, match=r"is in use by another run \(pid"):
-        out.lock()
-    # A process that has exited: its lock is stale and taken over.
-    gone = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    (out.dir / LOCK).write_text(gone.stdout)
+    with _live_run(out.dir) as other:
+        # The message says how to clear a lock that no run uses.
+        lock = str(out.dir / LOCK)
+        with pytest.raises(
+            DirectoryInUse, match=r"is in use by another run \(pid"
+        ) as e:
+            out.lock()
+        assert f"pid {other.pid}" in str(e.value) and f"delete {lock!r}" in str(e.value)
+        assert "if no meanfield run is using this directory" in str(e.value)
+    # Its process was killed: the lock is stale and taken over.
+    assert _lock_pid(out.dir) == other.pid
     out.lock()
-    assert (out.dir / LOCK).read_text().strip() == str(os.getpid())
+    assert _lock_pid(out.dir) == os.getpid()
     out.unlock()
     assert not (out.dir / LOCK).exists()
+
+
+def test_a_lock_whose_pid_now_belongs_to_another_program_is_taken_over(tmp_path):
+    # A run was killed and its pid reused: by a program that is no meanfield
+    # run, or by one started after the lock was written. Neither holds it.
+    out = Output(tmp_path / "run")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        (out.dir / LOCK).write_text(f"{sleeper.pid}\n")  # a bare pid, as of old
+        out.lock()
+        assert _lock_pid(out.dir) == os.getpid()
+        out.unlock()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with _live_run(tmp_path / "other") as other:
+        record = json.loads((tmp_path / "other" / LOCK).read_text())
+        for stale in (
+            json.dumps({**record, "start": record["start"] - 1}),  # another start
+            f"{other.pid}\n",  # a bare pid, written before the process started:
+        ):
+            (out.dir / LOCK).write_text(stale)
+            hour_ago = time.time() - 3600
+            os.utime(out.dir / LOCK, (hour_ago, hour_ago))
+            out.lock()
+            assert _lock_pid(out.dir) == os.getpid()
+            out.unlock()
 
 
 def test_a_new_run_removes_the_previous_run_manifest_first(tmp_path):
@@ -35,7 +90,12 @@ def test_a_new_run_removes_the_previous_run_manifest_first(tmp_path):
     for name in ("old.png", "old.npz", "notes.txt", "checkpoint.npz", ".old.tmp-x.png"):
         (out.dir / name).write_text("x")
     (out.dir / "manifest.json").write_text(
-        json.dumps({"files": ["old.png", "old.npz", "checkpoint.npz"]})
+        json.dumps(
+            {
+                "written_by": "meanfield",
+                "files": ["old.png", "old.npz", "checkpoint.npz"],
+            }
+        )
     )
     out.clear_previous(keep=("checkpoint.npz",))
     left = sorted(p.name for p in out.dir.iterdir())
@@ -63,14 +123,13 @@ def test_demo_and_bench_take_the_directory_lock(tmp_path, capsys, argv):
     from meanfield._app.cli import main
 
     busy = tmp_path / "busy"
-    busy.mkdir()
-    (busy / LOCK).write_text(f"{os.getppid()}\n")  # a live process
-    assert main([*argv, "--out", str(busy)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    command = argv[0]
-    assert len(err) == 1 and err[0].startswith(f"meanfield {command}: error:")
-    assert f"{str(busy)!r} is in use by another run" in err[0]
-    assert sorted(p.name for p in busy.iterdir()) == [LOCK]
+    with _live_run(busy):
+        assert main([*argv, "--out", str(busy)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        command = argv[0]
+        assert len(err) == 1 and err[0].startswith(f"meanfield {command}: error:")
+        assert f"{str(busy)!r} is in use by another run" in err[0]
+        assert sorted(p.name for p in busy.iterdir()) == [LOCK]
 
 
 def test_locked_releases_the_directory_however_the_block_ends(tmp_path):
@@ -79,3 +138,129 @@ def test_locked_releases_the_directory_however_the_block_ends(tmp_path):
         assert (out.dir / LOCK).exists()
         raise RuntimeError
     assert not (out.dir / LOCK).exists()
+
+
+def test_a_manifest_meanfield_did_not_write_is_refused_and_nothing_deleted(
+    tmp_path, capsys
+):
+    from meanfield._app.cli import main
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's notes")
+    foreign = json.dumps({"files": ["notes.txt"]})
+    (out / "manifest.json").write_text(foreign)
+    with pytest.raises(UnusableDirectory, match="was not written by meanfield"):
+        Output(out).clear_previous()
+    # On the command line: one line naming the file and what to do; exit 2.
+    assert main(["density", "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    manifest = str(out / "manifest.json")
+    assert len(err) == 1 and err[0].startswith("meanfield density: error:")
+    assert f"{manifest!r} was not written by meanfield" in err[0]
+    assert "move it away or use another --out" in err[0]
+    assert (out / "notes.txt").read_text() == "the user's notes"
+    assert (out / "manifest.json").read_text() == foreign
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "notes.txt"]
+
+
+def test_a_meanfield_manifest_removes_only_plain_files_inside_the_directory(tmp_path):
+    out = Output(tmp_path / "run")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    (out.dir / "old.png").write_text("x")
+    (out.dir / "sub").mkdir()
+    (out.dir / "sub" / "deep.txt").write_text("x")
+    (out.dir / "link").symlink_to(outside)
+    listed = [
+        "old.png",
+        "../outside.txt",
+        str(outside),
+        "link",
+        "sub",
+        "sub/deep.txt",
+        ".",
+        "..",
+        "",
+        7,
+    ]
+    (out.dir / "manifest.json").write_text(
+        json.dumps({"written_by": "meanfield", "files": listed})
+    )
+    out.clear_previous()
+    assert outside.exists() and (out.dir / "sub" / "deep.txt").exists()
+    assert sorted(p.name for p in out.dir.iterdir()) == ["link", "sub"]
+
+
+def test_an_empty_out_is_refused_not_the_current_directory(
+    tmp_path, monkeypatch, capsys
+):
+    from meanfield._app.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["phase", "--out", "", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("meanfield phase: error:")
+    assert "(--out) must not be empty" in err[0]
+    assert list(tmp_path.iterdir()) == []
+
+
+# Ctrl-C where Python drops the KeyboardInterrupt: in a garbage-collection
+# callback (JAX registers one) while the figures are drawn, or in an exit handler
+# (JAX frees its backend there) after the run. Python prints "Exception ignored"
+# and goes on. `meanfield density`'s pieces are replaced by trivial ones; Python's
+# own SIGINT handler is restored (the test runner may ignore SIGINT).
+_SWALLOWED = """
+import atexit, dataclasses, gc, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
+from matplotlib.figure import Figure
+from meanfield._app import cli, density_report
+from meanfield._app.report import Result
+
+WHEN = sys.argv[2]
+
+def ctrl_c(*args):
+    gc.callbacks.remove(ctrl_c) if ctrl_c in gc.callbacks else None
+    signal.raise_signal(signal.SIGINT)
+
+def figures(config, result, output):
+    output.figure(Figure(), "first.png")
+    if WHEN == "figures":
+        gc.callbacks.append(ctrl_c)
+        gc.collect()
+    else:
+        atexit.register(ctrl_c)
+    output.figure(Figure(), "second.png")
+
+density_report.REPORT = dataclasses.replace(
+    density_report.REPORT,
+    resolve=lambda raw: {},
+    compute=lambda config, output, seed=None: Result({}, {}),
+    figures=figures,
+    summarize=lambda summary: "done",
+)
+sys.argv = ["meanfield", "density", "--out", sys.argv[1], "--no-progress"]
+cli.entry()
+"""
+
+
+@pytest.mark.parametrize("when", ["figures", "exit"])
+def test_ctrl_c_that_python_swallows_still_exits_130(tmp_path, when):
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-c", _SWALLOWED, str(out), when],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().endswith("meanfield: interrupted")
+    files = sorted(p.name for p in out.iterdir())
+    if when == "figures":
+        assert "KeyboardInterrupt" in proc.stderr  # the callback did swallow it
+        # Stopped at the next file: no second figure, no manifest, no lock.
+        assert files == ["first.png"] and "done" not in proc.stdout
+    else:  # the run had finished; its exit handlers ran to their end, quietly
+        assert proc.stderr.strip() == "meanfield: interrupted"
+        assert files == ["first.png", "manifest.json", "second.png"]
+        assert "done" in proc.stdout

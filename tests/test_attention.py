@@ -1,3 +1,5 @@
+from decimal import Decimal, localcontext
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -12,6 +14,8 @@ from helpers import (
     sinkhorn_velocity_numpy,
     softmax_velocity_numpy,
 )
+from scipy.integrate import quad
+from scipy.special import logsumexp
 
 import meanfield as mf
 
@@ -243,6 +247,120 @@ def test_unnormalized_exp_overflows_only_when_the_value_does():
     np.testing.assert_allclose(v[:, 0], np.exp(600.0) * np.sqrt(600.0), rtol=1e-12)
 
 
+def _exp_kernel_sum_log_space(x, w, V, beta, log_scale):
+    """sum_j w_j e^{beta <x_i, x_j> + c} V x_j, each sum a signed logsumexp."""
+    values = x @ V.T
+    logits = beta * x @ x.T + log_scale
+    out = np.empty_like(values)
+    for i, k in np.ndindex(*values.shape):
+        log, sign = logsumexp(logits[i], b=w * values[:, k], return_sign=True)
+        out[i, k] = sign * np.exp(log)
+    return out
+
+
+@pytest.mark.parametrize(
+    "beta, V, log_scale",
+    [(720.0, np.exp(-700.0) * np.eye(2), 0.0), (800.0, np.eye(2), -800.0)],
+    ids=["V=e^-700", "log_scale=-800"],
+)
+def test_unnormalized_past_beta_709_keeps_the_value_scale_in_the_exponent(
+    beta, V, log_scale
+):
+    # e^{beta <x_i, x_i>} overflows past beta = 709.8 while the field, scaled by
+    # small values, is representable. e^-800 is 0 in float64: log_scale.
+    rng = np.random.default_rng(3)
+    theta = rng.uniform(0, 2 * np.pi, 6)
+    x = np.stack([np.cos(theta), np.sin(theta)], 1)
+    w = rng.dirichlet(np.ones(6))
+    attn = mf.UnnormalizedAttention(V, A=beta * np.eye(2), log_scale=log_scale)
+    got = np.asarray(velocity(attn, mf.Particles(x, w)))
+    want = _exp_kernel_sum_log_space(x, w, V, beta, log_scale)
+    assert np.abs(want).max() < np.exp(21)  # at most e^{beta - 700}: representable
+    # Exponents of size beta = 800 carry absolute rounding ~ beta eps ~ 2e-13
+    # between the two evaluations: a relative difference of that order.
+    np.testing.assert_allclose(got, want, rtol=1e-11, atol=0)
+
+
+def test_unnormalized_two_tokens_at_beta_800_merge_as_quadrature_says():
+    # V = I, log_scale = -beta on S^1, weights 1/2: the gap phi between the two
+    # tokens obeys phi' = -e^{beta (cos phi - 1)} sin phi (each token moves by
+    # half of P^perp_{x_i} e^{beta(cos phi - 1)} x_j), so phi0 -> phi0 / 2 takes
+    # T = int_{phi0/2}^{phi0} e^{beta (1 - cos p)} / sin p dp.
+    beta, phi0 = 800.0, 0.05
+    T = quad(
+        lambda p: np.exp(beta * (1 - np.cos(p))) / np.sin(p),
+        phi0 / 2,
+        phi0,
+        epsabs=0,
+        epsrel=1e-13,
+    )[0]
+    x = np.stack([np.cos([0.0, phi0]), np.sin([0.0, phi0])], 1)
+    attn = mf.UnnormalizedAttention(np.eye(2), A=beta * np.eye(2), log_scale=-beta)
+    sol = mf.simulate(
+        mf.Particles(x), attn, T, normalization="sphere", rtol=1e-12, atol=1e-12
+    )
+    assert sol.status == "success"
+    x1 = np.asarray(sol.x[-1])
+    phi = np.arctan2(x1[1, 1], x1[1, 0]) - np.arctan2(x1[0, 1], x1[0, 0])
+    # The solve's global error at rtol 1e-12, relative in phi (~1e-11).
+    np.testing.assert_allclose(phi, phi0 / 2, rtol=1e-9)
+
+
+def _sphere_terms_decimal(x, beta, log_scale):
+    """w_j e^{beta <x_i, x_j> + c} P^perp_{x_i} x_j (w = 1/n) in 60-digit decimals,
+    shape (n, n, d): an independent reference for the tangential field."""
+    n = len(x)
+    terms = np.empty((n, n, x.shape[1]))
+    with localcontext() as ctx:
+        ctx.prec = 60
+        X = [[Decimal(float(v)) for v in row] for row in x]
+        for i, j in np.ndindex(n, n):
+            dot = sum(a * b for a, b in zip(X[i], X[j], strict=True))
+            k = (Decimal(beta) * dot + Decimal(log_scale)).exp() / n
+            norm2 = sum(a * a for a in X[i])
+            for c in range(x.shape[1]):
+                terms[i, j, c] = float(k * (X[j][c] - dot * X[i][c] / norm2))
+    return terms
+
+
+def test_unnormalized_sphere_velocity_keeps_its_relative_precision_at_beta_500():
+    # Koubbi-type scaling V = e^{-beta} / n: each atom's own term is radial and
+    # e^{35} times the tangential pull of its neighbours, below float64's eps.
+    beta, n = 500.0, 5
+    theta = np.array([0.0, 0.38, 0.8, 1.25, 1.7])
+    x = np.stack([np.cos(theta), np.sin(theta)], 1)
+    log_scale = -beta - np.log(n)
+    attn = mf.UnnormalizedAttention(np.eye(2), A=beta * np.eye(2), log_scale=log_scale)
+    mu = mf.Particles(x)
+    terms = _sphere_terms_decimal(x, beta, log_scale)
+    want, size = terms.sum(1), np.abs(terms).sum(1)
+    # Exponents of size beta carry rounding beta eps ~ 1e-13 per term: the
+    # error is bounded by that times the sum of the terms' magnitudes (atom 3
+    # sits midway between two others, whose pulls cancel to 1e-13 of each).
+    bound = 1e-12 * np.linalg.norm(size, axis=1)
+    got = np.asarray(attn.sphere_velocity(mu))
+    assert np.all(np.linalg.norm(got - want, axis=1) <= bound)
+    # Projecting the field loses it: errors of 1e6 times the field at atom 4.
+    projected = np.asarray(attn.velocity(mu))
+    projected = projected - np.sum(projected * x, 1, keepdims=True) * x
+    assert np.any(np.linalg.norm(projected - want, axis=1) > 1e3 * bound)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_unnormalized_sphere_velocity_is_the_projected_field(key, masked):
+    # At moderate beta the two evaluations agree, for any V (its part beyond
+    # the median of its diagonal enters through Z_i (V - lam I) x_i).
+    x, w, A, V, _, _, s = _data(key, 7, 3)
+    x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    mu = mf.MaskedParticles(x, s, w) if masked else mf.Particles(x, w)
+    attn = mf.UnnormalizedAttention(V, A=A, log_scale=0.3)
+    got = np.asarray(jax.jit(lambda a, m: a.sphere_velocity(m))(attn, mu))
+    vel = np.asarray(velocity(attn, mu))
+    want = vel - np.sum(vel * x, 1, keepdims=True) * x
+    # O(n d) flops on O(1) data: agreement to ~1e-15.
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-13)
+
+
 def _hardmax_velocity(x, V, logits):
     # Logit gaps of order |x|^2 make the softmax exactly one-hot on the row argmax.
     return x[np.argmax(logits, axis=1)] @ V.T
@@ -427,6 +545,14 @@ def test_grad_with_respect_to_positions(key):
         (
             lambda: mf.SoftmaxAttention(np.eye(2), A=np.full((2, 2), np.nan)),
             r"`A` contains NaN",
+        ),
+        (
+            lambda: mf.UnnormalizedAttention(np.eye(2), A=np.eye(2), log_scale=np.inf),
+            r"`log_scale` must be finite",
+        ),
+        (
+            lambda: mf.UnnormalizedAttention(np.eye(2), A=np.eye(2), log_scale=[0.0]),
+            r"`log_scale` must be a real scalar",
         ),
     ],
 )

@@ -87,6 +87,56 @@ def test_mass_is_conserved_to_rounding_and_the_density_stays_positive():
     assert sol.lowest > -100 * 1e-8
 
 
+def _clustered_unnormalized_run(N, **tolerances):
+    """beta = 7 unnormalised from noise to t = 2: clusters 8 times the uniform
+    density at N = 128, the cells between them emptied to 1e-118."""
+    rho0 = _normalised(1 + 1e-3 * np.random.default_rng(0).standard_normal(N))
+    return density.simulate(rho0, 2.0, beta=7.0, attention="unnormalized", **tolerances)
+
+
+def test_the_density_stays_nonnegative_where_clusters_empty_the_circle():
+    # Tsit5's steps are not convex combinations of Euler steps: this run went
+    # to -8.6e-8 (120 cells) with status "success". Every accepted SSP step is
+    # >= 0 exactly.
+    sol = _clustered_unnormalized_run(128)
+    assert sol.status == "success"
+    assert sol.lowest >= 0
+    assert sol.rho[-1].max() > 8 / (2 * np.pi)  # clustered: the test is not vacuous
+    # The fluxes telescope: the mass moves only by rounding, ~eps per step (a
+    # random walk over ~6e3 steps: 1e-15 measured).
+    np.testing.assert_allclose(sol.mass, 1, rtol=0, atol=1e-13)
+
+
+@pytest.mark.slow
+def test_the_positive_steps_converge_to_the_semi_discrete_solution():
+    """Against Dopri8 at rtol 1e-13 on the same semi-discrete scheme."""
+    import diffrax as dfx
+    import jax
+    import jax.numpy as jnp
+
+    N = 128
+    rho0 = _normalised(1 + 1e-3 * np.random.default_rng(0).standard_normal(N))
+    cos_hat, sin_hat = _kernel_coefficients(N, 7.0, "unnormalized")
+    with jax.enable_x64(True):
+        ref = dfx.diffeqsolve(
+            dfx.ODETerm(lambda t, r, a: rate_of_change(r, cos_hat, sin_hat, False)),
+            dfx.Dopri8(),
+            0.0,
+            2.0,
+            None,
+            jnp.asarray(rho0),
+            stepsize_controller=dfx.PIDController(rtol=1e-13, atol=1e-13),
+            max_steps=10**6,
+        ).ys[-1]
+    ref = np.asarray(ref)
+    for tol, bound in ((1e-8, 1e-5), (1e-10, 1e-7)):
+        sol = _clustered_unnormalized_run(N, rtol=tol, atol=tol)
+        # The uniform state is unstable: local errors grow with the modes
+        # (measured 1.9e-6 and 2.1e-8 relative to max rho, 100 tol and 200 tol).
+        error = np.abs(sol.rho[-1] - ref).max() / ref.max()
+        assert error < bound, (tol, error)
+
+
 def test_the_fastest_growing_mode_wins_from_a_flat_spectrum():
     beta, N = 30.0, 512
     k_star = density.fastest_mode(beta)
@@ -169,6 +219,47 @@ def test_density_simulate_rejects_bad_input():
         density.simulate(rho, 1.0, beta=1.0, saveat=[0.0, 2.0])
     with pytest.raises(ValueError, match="`t1`"):
         density.simulate(rho, -1.0, beta=1.0)
+
+
+def test_unnormalized_density_refuses_a_beta_whose_field_overflows():
+    # e^beta overflows float64 past beta = 709.8: the rows were all NaN, with
+    # status "max_steps". Just below, the field is representable and runs.
+    rho = np.full(16, 1 / (2 * np.pi))
+    with pytest.raises(ValueError, match=r"`beta` = 800 is too large.*log_scale"):
+        density.simulate(rho, 1.0, beta=800.0, attention="unnormalized")
+    sol = density.simulate(rho, 1e-300, beta=700.0, attention="unnormalized")
+    assert sol.status == "success"
+    np.testing.assert_allclose(sol.rho[-1], rho, rtol=1e-13)  # uniform: at rest
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        # Before: diffrax's "Must have at least one checkpoint".
+        (
+            lambda rho: density.simulate(rho, 1.0, beta=1.0, max_steps=0),
+            r"`max_steps` must be a positive integer; got 0",
+        ),
+        # Before: ZeroDivisionError.
+        (
+            lambda rho: density.circle_w1(rho, [1.0], resolution=0),
+            r"`resolution` must be a positive integer; got 0",
+        ),
+        # Before: 2 angles, silently.
+        (
+            lambda rho: density.sample_quantiles(rho, 2.5),
+            r"`n` must be a positive integer; got 2.5",
+        ),
+        # Before: an error naming `x`, which the caller never passed.
+        (
+            lambda rho: density.simulate_particles([0.1, np.nan], 1.0, beta=1.0),
+            r"`theta` must be finite; got 1 NaN or inf",
+        ),
+    ],
+)
+def test_bad_arguments_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call(np.full(16, 1 / (2 * np.pi)))
 
 
 def test_count_clusters_reads_arcs_above_the_level():

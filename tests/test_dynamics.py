@@ -410,6 +410,20 @@ def test_huge_tokens_are_simulated_not_called_a_blowup(dtype, scale):
         (dict(rtol=0.0, atol=0.0), r"`rtol` and `atol` must not both be 0"),
         # The initial radius is 5: only an upward crossing would be seen.
         (dict(blowup_radius=2.0), r"`blowup_radius` must exceed the initial radius"),
+        # Once accepted: inf accepts any step, 2.7 was truncated to 2, a string
+        # failed inside diffrax, a non-finite alpha was reported as a blow-up.
+        (dict(rtol=np.inf), r"`rtol` must be >= 0 and finite"),
+        (dict(atol=np.nan), r"`atol` must be >= 0 and finite"),
+        (dict(max_steps=2.7), r"`max_steps` must be an integer >= 1; got 2.7"),
+        (dict(adjoint="forward"), r"`adjoint` must be a diffrax adjoint"),
+        (
+            dict(normalization="ngpt", ngpt_alpha=np.nan),
+            r"`ngpt_alpha` must be a finite number",
+        ),
+        (
+            dict(normalization="ngpt", ngpt_alpha=np.inf),
+            r"`ngpt_alpha` must be a finite number",
+        ),
     ],
 )
 def test_simulate_rejects_hostile_arguments(kwargs, match):
@@ -435,3 +449,68 @@ def test_solution_measure_index_out_of_range(key):
     for i in (5, -6, 100):
         with pytest.raises(IndexError, match=r"`i` must be in \[-5, 5\)"):
             sol.measure(i)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_tokens_are_rejected(key, dtype):
+    # 100 ulps of t = 1 are 0.1 (float16) or 0.8 (bfloat16): every solve once
+    # ended at the step floor as a "blowup" at t = 0 to 0.01 or 2.5e-31.
+    x = _tokens(key).astype(dtype)
+    with pytest.raises(ValueError, match=r"`measure` must hold tokens of dtype"):
+        mf.simulate(mf.Particles(x), _identity_softmax(3), 1.0)
+
+
+def test_step_floor_without_growth_is_failed_not_blowup(key):
+    # atol = 1e-300 cannot be met by tokens of size 1: the step falls to the
+    # floor at t = 0, which was reported as a blow-up; nothing grows there.
+    x = _tokens(key)
+    sol = mf.simulate(mf.Particles(x), _identity_softmax(3), 1.0, rtol=0.0, atol=1e-300)
+    assert sol.status == "failed"
+    assert float(sol.blowup_time) == np.inf and float(sol.t_final) == 0.0
+    # Tokens of that size can meet it: the tolerance itself is not rejected.
+    tiny = mf.simulate(
+        mf.Particles(1e-295 * x), _identity_softmax(3), 1.0, rtol=0.0, atol=1e-300
+    )
+    assert tiny.status == "success"
+
+
+def test_rows_after_an_early_stop_carry_the_time_they_were_computed_at():
+    # saveat=None once labelled the state at the blow-up t* = 3.8 with t1 = 5,
+    # and clustering.rescale then scaled it by e^{-5} instead of e^{-t*}.
+    x = 0.1 * np.asarray(jr.normal(jr.key(0), (256, 3)))
+    eye = np.eye(3)
+    sol = mf.simulate(mf.Particles(x), mf.UnnormalizedAttention(eye, A=eye), 5.0)
+    assert sol.status == "blowup"
+    t_stop = float(sol.t_final)
+    assert float(sol.ts[-1]) == t_stop == float(sol.blowup_time) < 5.0
+    z = mf.clustering.rescale(sol, eye)
+    np.testing.assert_allclose(z[-1], np.exp(-t_stop) * sol.x[-1], rtol=1e-12)
+    # Explicit save times after the stop are not reached: +inf, never relabelled.
+    saved = mf.simulate(
+        mf.Particles(x),
+        mf.UnnormalizedAttention(eye, A=eye),
+        5.0,
+        saveat=np.linspace(0, 5, 11),
+    )
+    assert np.all(np.isinf(saved.ts[8:])) and np.all(np.isinf(saved.x[8:]))
+    np.testing.assert_array_equal(saved.ts[:8], np.linspace(0, 5, 11)[:8])
+
+
+def test_traced_tokens_that_simulate_rejects_get_a_status():
+    # Under jit/vmap the host checks cannot run: a zero token under "sphere"
+    # made every member "blowup", a start beyond the radius was "success".
+    x = np.array(jr.normal(jr.key(1), (3, 6, 2)))
+    x[1, 2] = 0.0
+    attn = _identity_softmax(2)
+    solve = jax.vmap(lambda m: mf.simulate(m, attn, 1.0, normalization="sphere"))
+    sol = solve(jax.vmap(mf.Particles)(x))
+    assert list(sol.status) == ["success", "invalid_input", "success"]
+    assert np.isinf(sol.blowup_time[1])
+    with pytest.raises(ValueError, match=r"rows \[2\] are zero"):
+        mf.simulate(mf.Particles(x[1]), attn, 1.0, normalization="sphere")
+    start = float(np.max(np.linalg.norm(x[0], axis=-1)))
+    inside = jax.jit(lambda m: mf.simulate(m, attn, 1.0, blowup_radius=start / 2))
+    assert inside(mf.Particles(x[0])).status == "invalid_input"
+    traced_t1 = jax.jit(lambda t: mf.simulate(mf.Particles(x[0]), attn, t).x)
+    with pytest.raises(ValueError, match=r"`t1` must be a concrete number"):
+        traced_t1(1.0)

@@ -172,6 +172,9 @@ def test_detected_blowup_time_matches_analytic_time():
     sol = mf.gaussian.simulate(gauss, attn, 3 * t_star)
     assert sol.status == "blowup"
     np.testing.assert_allclose(float(sol.blowup_time), t_star, rtol=1e-4)
+    # saveat=None: the last row is the state where the solve stopped, labelled
+    # with that time (it once carried t1 = 3 t*).
+    assert float(sol.ts[-1]) == float(sol.t_final) < t_star
 
 
 def test_l2_full_rank_K_does_not_blow_up_where_softmax_does():
@@ -355,6 +358,7 @@ def test_particles_follow_the_moment_ode(key):
                 (dict(t1=1.0, t0=np.nan), "`t0` must be a finite time"),
                 (dict(t1=1.0, rtol=-1.0), "`rtol` must be >= 0"),
                 (dict(t1=1.0, rtol=0.0, atol=0.0), "must not both be 0"),
+                (dict(t1=1.0, max_steps=0), "`max_steps` must be a positive integer"),
             )
         ],
     ],

@@ -108,3 +108,12 @@ def test_unreadable_or_invalid_toml_exits_2(tmp_path, capsys):
     assert main(["gaussian", "--config", _toml(tmp_path, "cov = [[1.0,\n")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "invalid TOML" in err
+
+
+def test_a_config_file_not_in_utf8_exits_2_naming_the_file(tmp_path, capsys):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("t1 = 2.0 # café\n".encode("latin-1"))
+    assert main(["gaussian", "--config", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("meanfield gaussian: error:")
+    assert f"config file {str(path)!r} is not UTF-8" in err and "0xe9" in err

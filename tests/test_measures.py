@@ -90,6 +90,14 @@ def test_gaussian_rejects_bad_input(mean, cov, match):
         mf.Gaussian(mean, cov)
 
 
+@pytest.mark.parametrize("n", [-3, 0, 2.5, True, None])
+def test_gaussian_sample_rejects_a_bad_count(key, n):
+    # Before: XLA's MLIRError (invalid tensor dimension), a TypeError, or 1 sample.
+    gauss = mf.Gaussian(np.zeros(2), np.eye(2))
+    with pytest.raises(ValueError, match=r"^`n` must be a positive integer; got "):
+        gauss.sample(key, n)
+
+
 def test_gaussian_sample_moments(key):
     mean = np.array([1.0, -2.0])
     cov = np.array([[2.0, 0.6], [0.6, 0.5]])

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import softmax_velocity_numpy
+from scipy.integrate import quad
 
 import meanfield as mf
 from meanfield.clustering import energy, merge, simulate_merging
@@ -152,6 +153,54 @@ def test_merge_projects_on_the_sphere_only_when_the_tokens_live_there():
     np.testing.assert_allclose(np.linalg.norm(forced.x, axis=1), 1, rtol=1e-15)
 
 
+def test_a_balanced_cluster_on_the_sphere_keeps_its_heaviest_atom():
+    # Antipodal atoms of equal weight: the weighted mean is 0, no direction.
+    x = np.array([[0.0, 1.0], [0.0, -1.0]])
+    merged, labels = merge(mf.Particles(x), 2.0)
+    np.testing.assert_array_equal(labels, [0, 0])
+    np.testing.assert_array_equal(merged.x, [[0.0, 1.0]])  # the first of equals
+    np.testing.assert_array_equal(merged.weights, [1.0])
+    # Unequal weights: the mean (w_1 - w_2) x_2 points along the heavier atom,
+    # so the rule is the limit of the mean's direction.
+    heavier, _ = merge(mf.Particles(x, [0.4, 0.6]), 2.0)
+    np.testing.assert_array_equal(heavier.x, [[0.0, -1.0]])
+    # Three equal atoms at 120 degrees: the mean is 0 to rounding (1e-16).
+    angles = np.array([0.5, 0.5 + 2 * np.pi / 3, 0.5 + 4 * np.pi / 3])
+    ring = np.stack([np.cos(angles), np.sin(angles)], 1)
+    merged, _ = merge(mf.Particles(ring[[1, 0, 2]]), 1.8)
+    np.testing.assert_allclose(merged.x, ring[[1]], rtol=0, atol=1e-15)
+    # And a run that starts by merging them does not fail.
+    attn = mf.SoftmaxAttention(np.eye(2), A=2 * np.eye(2))
+    run = simulate_merging(
+        mf.Particles(x),
+        attn,
+        1.0,
+        merge_tol=2.0,
+        saveat=[0.0, 1.0],
+        normalization="sphere",
+    )
+    assert run.status == "success" and np.all(run.counts == 1)
+    np.testing.assert_array_equal(run.x[:, 0], [[0.0, 1.0], [0.0, 1.0]])
+
+
+def test_a_merged_atom_within_tol_of_another_merges_with_it():
+    # On S^2: A and B within tol, C just beyond tol of both; the mean of A and
+    # B is 0.87 tol from C. The event of the next solve fires only when a
+    # distance falls through tol: C used to stay apart for the whole run.
+    tangent = np.array([[-0.05, 0.0], [0.05, 0.0], [0.0, 0.0875]])
+    x = np.concatenate([tangent, np.ones((3, 1))], 1)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    d = np.linalg.norm(x[:, None] - x[None], axis=-1)
+    tol = 0.5 * (d[0, 1] + min(d[0, 2], d[1, 2]))
+    assert d[0, 1] < tol < min(d[0, 2], d[1, 2])
+    attn = mf.SoftmaxAttention(np.eye(3), A=np.eye(3))
+    run = simulate_merging(
+        mf.Particles(x), attn, 1e-3, merge_tol=tol, saveat=[0.0, 1e-3]
+    )
+    assert run.status == "success"
+    np.testing.assert_array_equal(run.counts, [1, 1])
+
+
 def test_merge_rejects_masked_particles_and_bad_tolerances():
     x = _circle(3)
     with pytest.raises(ValueError, match="unmasked"):
@@ -202,6 +251,111 @@ def test_a_merged_run_matches_the_unmerged_run():
     # 2e-9 wide at t1).
     assert dx < 1e-8, dx
     np.testing.assert_allclose(merged.energy, np.asarray(energy(full, beta)), rtol=1e-8)
+
+
+def _two_token_merge_time(beta, phi0, tol):
+    """Time for two equal tokens phi0 apart on S^1 (softmax, A = beta I, V = I)
+    to come |x_1 - x_2| = tol apart, by quadrature.
+
+    Token 1 moves along P^perp_{x_1} of the mean of x_1, x_2 with weights e^beta,
+    e^{beta cos phi}: theta_1' = sin(phi) / (1 + e^{beta (1 - cos phi)}), token 2
+    the mirror image, so phi' = -2 sin(phi) / (1 + e^{beta (1 - cos phi)}).
+    """
+    phi_end = 2 * np.arcsin(tol / 2)
+    rate = lambda p: (1 + np.exp(beta * (1 - np.cos(p)))) / (2 * np.sin(p))
+    value, error = quad(rate, phi_end, phi0, epsabs=0, epsrel=1e-13, limit=200)
+    assert error < 1e-12 * value
+    return value
+
+
+@pytest.mark.parametrize("beta, phi0, tol", [(4.0, 1.5, 1e-3), (1.0, 2.5, 1e-4)])
+def test_merge_time_of_two_tokens_matches_quadrature(beta, phi0, tol):
+    want = _two_token_merge_time(beta, phi0, tol)
+    x = np.stack([np.cos([0.0, phi0]), np.sin([0.0, phi0])], 1)
+    attn = mf.SoftmaxAttention(np.eye(2), A=beta * np.eye(2))
+    run = simulate_merging(
+        mf.Particles(x),
+        attn,
+        2 * want,
+        merge_tol=tol,
+        saveat=[0.0, 2 * want],
+        normalization="sphere",
+        rtol=1e-12,
+        atol=1e-12,
+    )
+    assert run.status == "success" and run.counts[-1] == 1
+    assert run.merge_times.shape == (1,)
+    # Near the merge phi' ~ -phi, so a relative error e of phi is a time error
+    # e: Tsit5's global error at rtol 1e-12 over ~300 steps is ~1e-10 (measured
+    # 7e-12 and 4e-11). An event left at the end of its step is ~1e-2 late.
+    np.testing.assert_allclose(run.merge_times[0], want, rtol=1e-9)
+    # By symmetry the merged atom sits at the pair's midpoint angle.
+    angle = np.arctan2(run.x[-1, 0, 1], run.x[-1, 0, 0])
+    np.testing.assert_allclose(angle, phi0 / 2, atol=1e-14)
+
+
+def test_two_tokens_merge_at_3e15_as_quadrature_says():
+    """beta = 500 unnormalised, V = e^{-beta} / n (`log_scale`): the tokens'
+    own radial terms are e^{35} times their mutual pull, and the merge comes at
+    t = 3.7e15, where float64's ulp of t is 0.5 and the final approach takes
+    steps of order 1. Projecting the field lost the pull (max_steps); a step
+    floor of 100 ulps of t stopped the approach (failed)."""
+    beta, phi0, tol = 500.0, 0.4, 1e-4
+    # Each token moves by P^perp of (1/4) e^{beta (cos phi - 1)} x_other:
+    # phi' = -(1/2) e^{beta (cos phi - 1)} sin phi.
+    rate = lambda p: 2 * np.exp(beta * (1 - np.cos(p))) / np.sin(p)
+    # The integrand spans e^{40}: quadrature on pieces.
+    edges = np.linspace(2 * np.arcsin(tol / 2), phi0, 41)
+    want = sum(
+        quad(rate, a, b, epsabs=0, epsrel=1e-13)[0]
+        for a, b in zip(edges[:-1], edges[1:], strict=True)
+    )
+    assert 3e15 < want < 4e15
+    x = np.stack([np.cos([0.0, phi0]), np.sin([0.0, phi0])], 1)
+    attn = mf.UnnormalizedAttention(
+        np.eye(2), A=beta * np.eye(2), log_scale=-beta - np.log(2)
+    )
+    run = simulate_merging(
+        mf.Particles(x),
+        attn,
+        2 * want,
+        merge_tol=tol,
+        saveat=[0.0, 2 * want],
+        normalization="sphere",
+        rtol=1e-10,
+        atol=1e-10,
+    )
+    assert run.status == "success" and run.counts[-1] == 1
+    # T ~ e^{beta (1 - cos phi0)}: an error e in phi moves log T by
+    # beta sin(phi0) e ~ 200 e, and the solve's e is ~1e-10 (measured 1.6e-8).
+    np.testing.assert_allclose(run.merge_times, [want], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_five_tokens_at_beta_500_merge_down_to_one_atom():
+    """The metastable staircase past float64's step resolution: four merges,
+    the last at t ~ 7e18, energy non-decreasing to rounding."""
+    beta, n = 500.0, 5
+    theta = 0.55 * np.array([0.0, 0.25, 0.55, 0.9, 1.3])
+    x = np.stack([np.cos(theta), np.sin(theta)], 1)
+    attn = mf.UnnormalizedAttention(
+        np.eye(2), A=beta * np.eye(2), log_scale=-beta - np.log(n)
+    )
+    ts = np.concatenate([[0.0], np.logspace(-2, 20, 45)])
+    run = simulate_merging(
+        mf.Particles(x),
+        attn,
+        ts[-1],
+        merge_tol=1e-4,
+        saveat=ts,
+        normalization="sphere",
+        beta=beta,
+    )
+    assert run.status == "success" and run.counts[-1] == 1
+    assert run.merge_times.size == 4 and run.merge_times[-1] > 1e18
+    assert np.all(np.diff(run.merge_times) > 0)
+    # log E ~ 500: its ulp is 1e-13.
+    assert np.all(np.diff(run.log_energy) >= -1e-12)
 
 
 def test_simulate_merging_checks_its_arguments():

@@ -84,6 +84,9 @@ def test_phase_options_reach_the_model(tmp_path, capsys):
         ('attention = "l2"', "`attention` must be one of softmax, unnormalized"),
         ("eps = 2.5", "`eps` must be in (0, 2)"),
         ("colour = 1", "unknown key `colour`"),
+        ("systems = 1_000_000_000", "`systems` must be an integer in [1, 1000000]"),
+        # 90 betas x 10^6 systems of 4096 tokens: about 14 TiB, on no machine.
+        ("systems = 1_000_000\nn = 4096", "`systems` = 1000000 needs at least"),
     ],
 )
 def test_phase_rejects_bad_configurations(tmp_path, capsys, text, message):
@@ -98,3 +101,17 @@ def test_phase_defaults_are_the_published_grid():
     cfg = resolve_config(None)
     assert cfg["betas"] == [0.1, 9.0, 90] and cfg["systems"] == 2048
     assert (cfg["n"], cfg["d"], cfg["t1"], cfg["saves"]) == (32, 2, 30.0, 31)
+
+
+def test_phase_memory_check_names_the_key_to_lower():
+    from meanfield._app.phase_report import check_memory, memory_bytes
+
+    cfg = resolve_config({"systems": 10, "betas": [1.0, 2.0, 2], "n": 64})
+    every, chunk = memory_bytes(cfg)  # 20 systems: 20 x 8 x (2nd + n + 2d^2 + T)
+    assert every == 8 * 20 * (2 * 64 * 2 + 64 + 2 * 4 + 31)
+    assert chunk == 8 * 20 * 64 * (31 * 2 + 64)  # a chunk of all 20 systems
+    check_memory(cfg, every + chunk)  # fits exactly
+    with pytest.raises(ValueError, match=r"^`chunk_size` = 4096 needs at least"):
+        check_memory(cfg, every + chunk - 1)  # a smaller chunk would fit
+    with pytest.raises(ValueError, match=r"^`systems` = 10 needs at least"):
+        check_memory(cfg, every)  # not even a chunk of one system fits

@@ -168,3 +168,32 @@ def test_systems_that_stop_early_are_reported_not_averaged():
     np.testing.assert_array_equal(pd.completed, [1.0, 0.0])
     assert np.all(np.isfinite(pd.density[0])) and np.all(np.isnan(pd.density[1, 1:]))
     np.testing.assert_array_equal(pd.one_cluster[1], 0.0)
+
+
+def test_a_beta_whose_systems_partly_blow_up_averages_the_completed_ones():
+    """Unnormalised attention in R^2 at beta = 0.05, t1 = 2.2: 3 of 8 systems
+    reach t1 alone. The blow-ups of the others once made every system of the
+    ensemble report one: completed 0, density all NaN."""
+    n, d, systems, ts = 8, 2, 8, np.linspace(0, 2.2, 12)
+    pd = mf.clustering.phase_diagram(
+        [0.05],
+        n=n,
+        d=d,
+        systems=systems,
+        t1=2.2,
+        saveat=ts,
+        attention="unnormalized",
+        normalization=None,
+    )
+    x = jr.normal(jr.key(0), (systems, n, d))
+    x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    attn = mf.clustering.head_attention(jnp.asarray(0.05), d, "unnormalized")
+    solos = [
+        mf.simulate(mf.Particles(x[s]), attn, 2.2, saveat=ts, rtol=1e-5, atol=1e-5)
+        for s in range(systems)
+    ]
+    done = np.array([one.status == "success" for one in solos])
+    assert done.sum() == 3
+    np.testing.assert_array_equal(pd.completed, [3 / 8])
+    aligned = np.array([pair_alignment(one.x) for one in solos])[done]
+    np.testing.assert_allclose(pd.density[0], aligned.mean(0), atol=1e-12)

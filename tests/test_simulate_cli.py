@@ -225,7 +225,9 @@ def test_fresh_run_replaces_an_older_run_and_resume_says_when_it_starts_afresh(
     out = tmp_path / "again"
     out.mkdir()
     (out / "stale.png").write_text("old figure")
-    (out / "manifest.json").write_text(json.dumps({"files": ["stale.png"]}))
+    (out / "manifest.json").write_text(
+        json.dumps({"written_by": "meanfield", "files": ["stale.png"]})
+    )
     config = tmp_path / "again.toml"
     config.write_text(RD)
     # --resume without a checkpoint: a word, then a fresh run.
@@ -236,6 +238,15 @@ def test_fresh_run_replaces_an_older_run_and_resume_says_when_it_starts_afresh(
     files = json.loads((out / "manifest.json").read_text())["files"]
     assert {"trajectory.npz", "trajectories.png", "clusters.png"} <= set(files)
     assert all((out / name).exists() for name in files)
+
+
+def test_resume_without_a_checkpoint_says_so_even_without_progress(tmp_path, capsys):
+    code, out = _run(tmp_path, "quiet", RD, "--resume")  # with --no-progress
+    assert code == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"--resume: no checkpoint.npz in {out}/: starting from the beginning"
+    ]
 
 
 def _interrupt(tmp_path, delay, n=1000):

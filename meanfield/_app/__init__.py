@@ -4,6 +4,8 @@
     config.py           configuration schemas: key -> (checker, default), `resolve`
     report.py           the skeleton of every report: `Report`, `Output`, `Result`
     manifest.py         run manifests (configuration, seed, versions, device)
+    lock.py             the output directory's lock (stale after a kill or pid reuse)
+    interrupts.py       Ctrl-C that stops a run even where a callback swallows it
     gaussian_report.py  `meanfield gaussian`
     lipschitz_report.py `meanfield lipschitz` (its summary: lipschitz_summary.py)
     simulate_*.py       `meanfield simulate`: config (schema, attention families

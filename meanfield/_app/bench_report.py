@@ -178,9 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             return fail("bench", f"cannot read --replot {str(path)!r}: {err}")
-        target = Path(args.out) / path.with_suffix(".png").name
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            target = Output(args.out).dir / path.with_suffix(".png").name
+        except ValueError as err:  # empty, cannot be created or written
+            return fail("bench", err)
+        try:
             _io.save_figure(plot(results), target, dpi=120)
         except OSError as err:
             return fail("bench", f"cannot write to {args.out!r}: {err}")

@@ -10,6 +10,8 @@ is imported before a command runs, so `meanfield --help` and
 """
 
 import argparse
+import atexit
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -18,7 +20,7 @@ from pathlib import Path
 
 def _run_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
-    from .report import DirectoryInUse, Output, fail, use_agg
+    from .report import Output, UnusableDirectory, fail, use_agg
 
     try:
         Output(args.out)  # creatable and writable, before the tour
@@ -29,7 +31,7 @@ def _run_demo(args: argparse.Namespace) -> int:
         run_demo(
             args.out, n=args.n, seed=args.seed, progress=args.progress, quick=args.quick
         )
-    except DirectoryInUse as err:  # another tour (or run) writes there
+    except UnusableDirectory as err:  # another run writes there, or not our manifest
         return fail("demo", err)
     except OSError as err:  # full disk, directory removed mid-run
         return fail("demo", f"cannot write to {args.out!r}: {err}")
@@ -365,23 +367,35 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The `meanfield` executable: `main`, and a clean exit after Ctrl-C.
+    """The `meanfield` executable: `main`, and an exit status that Ctrl-C sets.
 
     An interrupt can land while XLA's threads are still running a computation;
     tearing the interpreter down under them crashed the process (SIGSEGV, exit
-    139) after the message was printed. After an interrupt the process therefore
-    ends at once with exit status 130, its output flushed.
+    139) after the message was printed. An interrupt that a callback swallowed
+    still counts (`interrupts`): the run stops at its next file. And one that
+    lands after the run, while the interpreter is torn down (a second or more
+    with JAX loaded), was lost: the process exited 0. So the exit handlers
+    (JAX's, freeing its backend) run here, where an interrupt is still seen, and
+    the process then ends at once, its output flushed: with status 130 after any
+    interrupt.
     """
+    from . import interrupts
+
+    interrupts.catch()
     try:
         code = main()
+        with interrupts.deferred():  # recorded, not a traceback in JAX's handler
+            atexit._run_exitfuncs()
     except KeyboardInterrupt:  # before a command could handle it (imports)
         print("meanfield: interrupted", file=sys.stderr)
         code = 130
-    if code == 130:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(130)
-    sys.exit(code)
+    if code != 130 and interrupts.seen():
+        print("meanfield: interrupted", file=sys.stderr)
+        code = 130
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError):  # a closed pipe (`| head`)
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ def load_toml(path: str) -> dict[str, Any]:
         Its tables as dicts.
 
     Raises:
-        ValueError: unreadable file or invalid TOML (a one-line message).
+        ValueError: unreadable file, not UTF-8 or invalid TOML (a one-line message
+            naming the file).
     """
     import tomllib
 
@@ -106,6 +107,11 @@ def load_toml(path: str) -> dict[str, Any]:
         ) from err
     except tomllib.TOMLDecodeError as err:
         raise ValueError(f"invalid TOML in {path!r}: {err}") from err
+    except UnicodeDecodeError as err:  # TOML is UTF-8; the codec's text names no file
+        raise ValueError(
+            f"config file {path!r} is not UTF-8 text (as TOML must be): byte "
+            f"0x{err.object[err.start]:02x} at position {err.start}; save it as UTF-8"
+        ) from err
 
 
 def defaults(schema: Schema) -> dict[str, Any]:
@@ -183,14 +189,19 @@ def number(*, positive: bool = False) -> Check:
     return check
 
 
-def integer(minimum: int) -> Check:
-    """An integer >= `minimum`."""
+def integer(minimum: int, maximum: int | None = None) -> Check:
+    """An integer >= `minimum` (and <= `maximum`, if given)."""
 
     def check(value, key, cfg):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(
-                f"`{key}` must be an integer >= {minimum}; got {short(value)}."
-            )
+        ok = (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and value >= minimum
+            and (maximum is None or value <= maximum)
+        )
+        if not ok:
+            want = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise ValueError(f"`{key}` must be an integer {want}; got {short(value)}.")
         return value
 
     return check

@@ -1,7 +1,9 @@
 """Run manifests: what produced a result (configuration, seed, versions, device).
 
 Every command writes one next to its results (`manifest.json`, or inside the
-benchmark's JSON) as strict JSON, atomically (`meanfield._io`).
+benchmark's JSON) as strict JSON, atomically (`meanfield._io`). Its `written_by`
+field marks it as meanfield's: a run into a directory removes the files that the
+previous manifest lists only when meanfield wrote that manifest.
 """
 
 import datetime
@@ -15,6 +17,9 @@ from typing import Any
 import numpy as np
 
 from .._io import atomic_write_text
+
+#: The value of a manifest's `written_by` field.
+WRITTEN_BY = "meanfield"
 
 _VERSIONED = (
     "meanfield",
@@ -43,9 +48,10 @@ def manifest(config: dict, seed: int | None, wall_time: float | None) -> dict[st
         wall_time: elapsed wall-clock seconds, or None if not measured.
 
     Returns:
-        A dict with keys "config", "seed", "wall_time_s", "versions" (meanfield,
-        jax, jaxlib, diffrax, equinox, numpy, matplotlib, python), "device"
-        ({"name", "platform"}) and "created" (ISO 8601, UTC).
+        A dict with keys "written_by" ("meanfield"), "config", "seed",
+        "wall_time_s", "versions" (meanfield, jax, jaxlib, diffrax, equinox, numpy,
+        matplotlib, python), "device" ({"name", "platform"}) and "created"
+        (ISO 8601, UTC).
     """
     # Imported here: only the device query needs JAX, and importing this module
     # should not initialise a backend (`meanfield --help` imports no JAX).
@@ -55,6 +61,7 @@ def manifest(config: dict, seed: int | None, wall_time: float | None) -> dict[st
     versions["python"] = platform.python_version()
     device = jax.devices()[0]
     return {
+        "written_by": WRITTEN_BY,
         "config": config,
         "seed": seed,
         "wall_time_s": wall_time,
@@ -62,6 +69,15 @@ def manifest(config: dict, seed: int | None, wall_time: float | None) -> dict[st
         "device": {"name": str(device), "platform": device.platform},
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+
+
+def written_by_meanfield(manifest_dict: Any) -> bool:
+    """Whether a parsed `manifest.json` is meanfield's (its `written_by` field)."""
+    return (
+        isinstance(manifest_dict, dict)
+        and manifest_dict.get("written_by") == WRITTEN_BY
+        and isinstance(manifest_dict.get("files", []), list)
+    )
 
 
 def _jsonable(obj: Any) -> Any:

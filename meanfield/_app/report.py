@@ -14,7 +14,9 @@ figures and writes `manifest.json` (configuration, seed, versions, device, wall
 time, summary); `Report.main` is the command line around it (TOML file, one-line
 errors with exit status 2, the printed summary). Progress lines go to stderr
 through `Output.log`, silenced by `--no-progress`; every file is written
-atomically (`meanfield._io`). Imports neither JAX nor matplotlib.
+atomically (`meanfield._io`). A Ctrl-C that a callback swallowed is raised again
+at `Output`'s next step (`meanfield._app.interrupts`). Imports neither JAX nor
+matplotlib.
 """
 
 import argparse
@@ -22,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -32,26 +35,12 @@ import numpy as np
 
 from .. import _io
 from .config import load_toml
-from .manifest import manifest, write_manifest
+from .interrupts import stop_if_interrupted
+from .lock import LOCK, DirectoryInUse, UnusableDirectory, acquire, release  # noqa: F401
+from .manifest import manifest, write_manifest, written_by_meanfield
 
-#: The lock file of a directory a run is writing into (holds the run's pid).
-LOCK = ".meanfield.lock"
 #: The manifest of a finished run; it lists the files the run wrote.
 MANIFEST = "manifest.json"
-
-
-class DirectoryInUse(ValueError):
-    """Another live run holds the output directory's lock."""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 class Output:
@@ -62,10 +51,16 @@ class Output:
         progress: print `log` messages to stderr.
 
     Raises:
-        ValueError: the directory cannot be created or written (one line).
+        ValueError: the directory is empty (`''`: not the current directory by
+            accident), cannot be created or written (one line).
     """
 
     def __init__(self, out_dir: str | os.PathLike, *, progress: bool = False):
+        if not os.fspath(out_dir):
+            raise ValueError(
+                "the output directory (--out) must not be empty; got ''; "
+                "write --out . for the current directory"
+            )
         self.dir = Path(out_dir)
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
@@ -79,44 +74,24 @@ class Output:
         self.progress = progress
         self.written: list[str] = []
         self._start = time.perf_counter()
+        self._token: str | None = None
 
     def lock(self) -> None:
         """Take the directory for this run: two runs never mix their outputs.
 
-        A lock left by a run that no longer exists (killed) is taken over.
+        A lock left by a run that no longer exists (killed, its pid maybe reused
+        by another program) is taken over (`meanfield._app.lock`).
 
         Raises:
-            DirectoryInUse: a live process holds it.
+            DirectoryInUse: a live run holds it; the message names the lock file
+                to delete if no run is using the directory.
         """
-        path = self.dir / LOCK
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                try:
-                    pid = int(path.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _alive(pid):
-                    raise DirectoryInUse(
-                        f"the output directory {str(self.dir)!r} is in use by "
-                        f"another run (pid {pid}); use another --out"
-                    ) from None
-                path.unlink(missing_ok=True)  # stale: its run is gone
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(f"{os.getpid()}\n")
-            return
-        raise DirectoryInUse(f"cannot lock the output directory {str(self.dir)!r}")
+        self._token = acquire(self.dir)
 
     def unlock(self) -> None:
-        """Release `lock` (if this process holds it)."""
-        path = self.dir / LOCK
-        try:
-            if int(path.read_text().strip() or 0) == os.getpid():
-                path.unlink()
-        except (OSError, ValueError):
-            pass
+        """Release `lock` (if this `Output` holds it)."""
+        release(self.dir, self._token)
+        self._token = None
 
     @contextlib.contextmanager
     def locked(self):
@@ -132,20 +107,33 @@ class Output:
 
         A run killed after this leaves only its own files and no manifest, never
         a manifest beside another run's arrays. The files are those the old
-        manifest lists (`files`), so unrelated files in the directory stay.
+        manifest lists (`files`), so unrelated files in the directory stay; and
+        only a manifest that meanfield wrote is read: a `manifest.json` of the
+        user's is neither replaced nor obeyed. Of its list, only plain files
+        directly in the directory go (no paths, links or directories).
 
         Args:
             keep: file names to leave (a checkpoint to resume from).
+
+        Raises:
+            UnusableDirectory: `manifest.json` exists and meanfield did not write
+                it.
         """
         path = self.dir / MANIFEST
-        try:
-            listed = json.loads(path.read_text()).get("files", [])
-        except (OSError, ValueError, AttributeError):
-            listed = []
-        path.unlink(missing_ok=True)
-        for name in listed:
-            if isinstance(name, str) and name not in keep and "/" not in name:
-                (self.dir / name).unlink(missing_ok=True)
+        if path.exists() or path.is_symlink():
+            try:
+                old = None if path.is_symlink() else json.loads(path.read_text())
+            except (OSError, ValueError):  # unreadable, or not JSON
+                old = None
+            if not written_by_meanfield(old):
+                raise UnusableDirectory(
+                    f"{str(path)!r} was not written by meanfield, and a run would "
+                    "replace it; move it away or use another --out"
+                )
+            path.unlink()
+            for name in old.get("files", []):
+                if _plain_file(self.dir, name) and name not in keep:
+                    (self.dir / name).unlink(missing_ok=True)
         # Temporary files of a writer that was killed (`_io.atomic_path`).
         for tmp in self.dir.glob(".*.tmp-*"):
             tmp.unlink(missing_ok=True)
@@ -157,8 +145,14 @@ class Output:
 
     def log(self, message: str) -> None:
         """One progress line on stderr, when progress is on."""
+        stop_if_interrupted()
         if self.progress:
             print(message, file=sys.stderr, flush=True)
+
+    def note(self, message: str) -> None:
+        """One line on stderr whatever `progress` says: what the user must know."""
+        stop_if_interrupted()
+        print(message, file=sys.stderr, flush=True)
 
     def path(self, name: str) -> Path:
         """The path of `name` for a writer that takes a file name (an animation).
@@ -166,6 +160,7 @@ class Output:
         The name is recorded as written, so the manifest lists it and the next run
         into this directory removes it (`clear_previous`).
         """
+        stop_if_interrupted()  # a Ctrl-C that a callback swallowed
         if name not in self.written:
             self.written.append(name)
         return self.dir / name
@@ -335,7 +330,7 @@ class Report:
             summary = self.run(
                 config, args.out, seed=args.seed, progress=args.progress, **options
             )
-        except DirectoryInUse as err:
+        except UnusableDirectory as err:  # in use, or a manifest not meanfield's
             return fail(self.name, err)
         except OSError as err:  # full disk, directory removed mid-run
             return fail(self.name, f"cannot write to {args.out!r}: {err}")
@@ -344,7 +339,19 @@ class Report:
         return 0
 
 
-def fail(command: str, err: Exception) -> int:
+def _plain_file(directory: Path, name) -> bool:
+    """Whether `name` is a regular file directly in `directory` (not a link)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "\0" in name:
+        return False
+    if "/" in name or "\\" in name or os.path.isabs(name):
+        return False
+    try:
+        return stat.S_ISREG((directory / name).lstat().st_mode)
+    except OSError:
+        return False
+
+
+def fail(command: str, err: Exception | str) -> int:
     """Print `meanfield <command>: error: <message>` on one line; return 2."""
     message = " ".join(str(err).split())
     print(f"meanfield {command}: error: {message}", file=sys.stderr)

@@ -189,8 +189,10 @@ def _compute(
     if cfg["dtype"] == "float64" and not jax.config.jax_enable_x64:
         jax.config.update("jax_enable_x64", True)
     ckpt = check_resume(cfg, output.dir, seed) if resume else None
-    if resume and ckpt is None:
-        output.log(f"no {CHECKPOINT} in {output.dir}/: starting from the beginning")
+    if resume and ckpt is None:  # said even with --no-progress: not what was asked
+        output.note(
+            f"--resume: no {CHECKPOINT} in {output.dir}/: starting from the beginning"
+        )
     sol = run_segments(
         cfg, output.dir, seed, resume_from=ckpt, progress=output.progress
     )

@@ -190,7 +190,8 @@ class AbstractAttention(eqx.Module):
       (as diffrax's `AbstractSolver.order`); a final class overrides only those it
       has: `kernel_constants` (mean-field Lipschitz and Gronwall bounds),
       `lipschitz_growth` (finite-n Lipschitz bound), `gaussian_field` and
-      `covariance_growth_rate` (Gaussian moment ODE).
+      `covariance_growth_rate` (Gaussian moment ODE), `sphere_velocity` (the
+      tangential field to relative precision at large beta).
     - `flat_heads`: the attention as a sum of single-family heads W_h Gamma_h, the
       one recursion over multi-head attention that every analysis uses.
 
@@ -291,6 +292,26 @@ class AbstractAttention(eqx.Module):
         """
         R = scales[:, None] * unit
         return self.gaussian_field(mean, frame @ (R @ R.T) @ frame.T, t)
+
+    def sphere_velocity(
+        self, measure: AbstractParticles, t=0.0
+    ) -> Float[Array, "n d"] | None:
+        """P^perp_{x_i} Gamma_mu(x_i) at unit atoms x_i, to relative precision.
+
+        The field of normalization="sphere". Projecting Gamma cancels its radial
+        part, which at large beta holds all but ~e^{-beta c} of it: rounding then
+        swamps the tangential part. A family that can evaluate the projection
+        from differences x_j - x_i (`exp_kernel_tangent`) overrides this.
+
+        Args:
+            measure: particles with |x_i| = 1.
+            t: time of time-dependent parameters.
+
+        Returns:
+            The tangential field (n, d), or None (the default): the caller
+            projects `velocity`.
+        """
+        return None
 
     def covariance_growth_rate(self, t, d: int) -> Float[Array, ""] | None:
         """r(t) with |Sigma(t)| <= |Sigma(0)| e^{2 int r} for Gaussians, if known.

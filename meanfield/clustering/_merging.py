@@ -46,6 +46,35 @@ def _lives_on_sphere(x: np.ndarray) -> bool:
     return bool(np.all(np.abs(norms - 1) <= _SPHERE_ULPS * np.finfo(x.dtype).eps))
 
 
+def _directions(centres, x, weights, labels, sizes) -> np.ndarray:
+    """The merged atoms on the sphere: their weighted means' directions.
+
+    A cluster that balances on the sphere (mean 0 to rounding: two antipodal
+    atoms of equal weight) has no mean direction; it keeps the direction of its
+    heaviest atom, the first of equal ones. That is the limit of the mean's
+    direction as that atom's weight wins: for antipodal atoms with w_1 > w_2 the
+    mean (w_1 - w_2) x_1 / (w_1 + w_2) points along x_1.
+    """
+    norms = np.linalg.norm(centres, axis=-1)
+    lengths = np.linalg.norm(x, axis=-1)
+    scale = np.zeros(len(centres))
+    np.maximum.at(scale, labels, lengths)
+    # A mean of `size` terms of length <= scale is exact to ~size ulps of scale.
+    eps = np.finfo(centres.dtype).eps
+    balanced = norms <= 4 * sizes * eps * scale
+    # Heaviest atom of each cluster: atoms by weight down, then index up; the
+    # first of each label in that order.
+    order = np.lexsort((np.arange(len(x)), -weights))
+    _, first = np.unique(labels[order], return_index=True)
+    heaviest = x[order[first]].astype(centres.dtype)
+    safe = np.where(balanced, 1.0, norms)[:, None]
+    return np.where(
+        balanced[:, None],
+        heaviest / np.linalg.norm(heaviest, axis=-1, keepdims=True),
+        centres / safe,
+    )
+
+
 def merge(
     measure: AbstractParticles, tol: float, *, sphere: bool | None = None
 ) -> tuple[Particles, np.ndarray]:
@@ -53,7 +82,9 @@ def merge(
 
     Each connected component of the graph |x_i - x_j| <= tol becomes one atom:
     its weight is the summed weight, its position the weighted mean, projected
-    back on the unit sphere when the tokens live there. Coincident atoms merge
+    back on the unit sphere when the tokens live there; a component whose mean
+    is 0 to rounding (antipodal atoms of equal weight) has no direction and
+    keeps its heaviest atom's (the first of equal ones). Coincident atoms merge
     exactly (the velocity field of the merged measure is the same); atoms within
     tol change it by O(tol^2).
 
@@ -92,10 +123,11 @@ def merge(
         raise ValueError(f"`measure` must be Particles; got {type(measure).__name__}.")
     tol = check_positive(tol, "tol")
     x = np.asarray(measure.x)
-    found = detect(x, tol, weights=np.asarray(measure.weights, np.float64))
+    w = np.asarray(measure.weights, np.float64)
+    found = detect(x, tol, weights=w)
     centres, masses = found.centres, found.masses
     if _lives_on_sphere(x) if sphere is None else sphere:
-        centres = centres / np.linalg.norm(centres, axis=-1, keepdims=True)
+        centres = _directions(centres, x, w, found.labels, found.sizes)
     # Exact simplex weights in the measure's dtype (sums of weights may round).
     masses = masses / masses.sum()
     return Particles(centres.astype(x.dtype), masses.astype(x.dtype)), found.labels
@@ -116,8 +148,13 @@ class MergingSolution:
         beta: the inverse temperature of the energy, or None.
         status: "success", "max_steps" (a solve between two merges ran out of
             steps) or "failed" (a non-finite state, e.g. a blow-up in R^d, or a
-            step below the floor); save times after the stop hold NaN.
+            step below 100 ulps of max(s, 1), s the time since the segment's
+            start, met at s < 1); save times after the stop hold NaN.
         num_steps: solver steps over all segments.
+        merge_times: the times of the merges, in order, shape (M,): each the
+            root of min |x_i - x_j| = merge_tol on the solver's dense output,
+            located to the solver's tolerance (one event may merge more than
+            two atoms).
     """
 
     ts: np.ndarray
@@ -128,6 +165,7 @@ class MergingSolution:
     beta: float | None
     status: str
     num_steps: int
+    merge_times: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))
 
     def __repr__(self) -> str:
         reached = np.flatnonzero(self.counts > 0)
@@ -219,9 +257,12 @@ def _segment(
 ):
     """Solve from t0 towards t1 until two real atoms come within `tol`.
 
-    Integrated in t with every time traced (unlike `mf.simulate`'s static clock
-    and save fractions): the segments of a run start at the event times, and
-    one compilation per atom count serves them all.
+    Integrated in s = t - t0 with every time traced (unlike `mf.simulate`'s
+    static clock and save fractions): the segments of a run start at the event
+    times, and one compilation per atom count serves them all. The step floor
+    (`FlooredPIDController`) is 100 ulps of max(s, 1), the resolution of the
+    segment's own clock: a merge at t = 3e15 takes steps of order 1, below 100
+    ulps of t (50) but not of s near 0 (`_run` restarts a long segment there).
 
     Returns:
         (saved ts (T,), +inf where not reached; saved x (T, n, d); t_end;
@@ -231,7 +272,8 @@ def _segment(
     dtype = measure.x.dtype
     cond_dtype = jnp.result_type(float)  # diffrax compares with a Python 0.0
 
-    def field(t, x, args):
+    def field(s, x, args):
+        t = t0 + s
         vel, _ = _normalization.velocity(attn, measure, x, t, normalization, alpha)
         return vel
 
@@ -239,14 +281,30 @@ def _segment(
         x = y
         return (_min_distance(x, real) - tol).astype(cond_dtype)
 
+    # The event is located inside the step on the solver's dense output. `apart`
+    # falls from + to -: optimistix's `flip=True` is the setting for a
+    # decreasing function (flip=False keeps the point where the value is < 0 as
+    # the *lower* end, and the bisection collapsed at the step's end: merges
+    # late by up to a step). It stops when the time is resolved to 64 ulps and
+    # the distance to a thousandth of the solver's tolerance (the state is no
+    # more accurate than that); if rounding makes the second out of reach, the
+    # root find ends on its step count with the time resolved all the same.
+    eps = float(jnp.finfo(dtype).eps)
+    root_finder = optx.Bisection(
+        rtol=64 * eps,
+        atol=jnp.maximum(1e-3 * jnp.minimum(rtol, atol), 64 * eps),
+        flip=True,
+    )
+
+    length = t1 - t0
     save = dfx.SaveAt(
-        subs=(dfx.SubSaveAt(ts=jnp.clip(ts, t0, t1)), dfx.SubSaveAt(t1=True))
+        subs=(dfx.SubSaveAt(ts=jnp.clip(ts - t0, 0, length)), dfx.SubSaveAt(t1=True))
     )
     sol = diffeqsolve_in_jit(
         dfx.ODETerm(field),
         solver,
-        t0,
-        t1,
+        jnp.zeros((), dtype),
+        length,
         None,
         measure.x,
         saveat=save,
@@ -254,19 +312,14 @@ def _segment(
             rtol=rtol, atol=atol, t_start=jnp.zeros((), dtype), dt_ds=1.0
         ),
         max_steps=max_steps,
-        event=dfx.Event(
-            apart,
-            root_finder=optx.Bisection(
-                rtol=64 * float(jnp.finfo(dtype).eps), atol=1e-30, flip=False
-            ),
-        ),
+        event=dfx.Event(apart, root_finder=root_finder, direction=False),
         throw=False,
     )
     (s_saved, s_end), (xs, x_end) = sol.ts, sol.ys
     if normalization in ON_SPHERE:  # the projection method, as `mf.simulate`
         xs = xs / row_norms(xs, keepdims=True)
         x_end = x_end / row_norms(x_end, keepdims=True)
-    return s_saved, xs, s_end[0], x_end[0], sol.result, sol.stats["num_steps"]
+    return t0 + s_saved, xs, t0 + s_end[0], x_end[0], sol.result, sol.stats["num_steps"]
 
 
 def simulate_merging(
@@ -289,7 +342,8 @@ def simulate_merging(
     """Simulate, merging two atoms into one whenever they come within `merge_tol`.
 
     The solve stops at the first time two atoms are `merge_tol` apart (an
-    event located by bisection), merges the atoms within that distance
+    event located inside the step by bisection on the solver's dense output,
+    so exact to the solver's tolerance), merges the atoms within that distance
     (`merge`), and goes on from there with fewer atoms. So a tight cluster
     never has to be resolved: its internal contraction (rate O(1), or e^beta
     unnormalised) would otherwise bound an explicit solver's step for the whole
@@ -320,8 +374,8 @@ def simulate_merging(
         progress: show a progress bar over the merges (tqdm).
 
     Returns:
-        A `MergingSolution` (ts, x, weights, counts, energy, status), in
-        float64 whatever JAX's default precision.
+        A `MergingSolution` (ts, x, weights, counts, energy, status,
+        merge_times), in float64 whatever JAX's default precision.
 
     Raises:
         ValueError: masked particles, merge_tol not positive, saveat not
@@ -378,7 +432,7 @@ def _run(mu, attn, ts, merge_tol, tolerances, beta, solve, progress) -> MergingS
     out = _Record(ts, n, d, dtype, beta)
     t, status, steps = float(t0), SUCCESS, 0
     sphere = solve["normalization"] in ON_SPHERE
-    current, _ = merge(mu, merge_tol, sphere=sphere)
+    current = _merge_until_apart(mu, merge_tol, sphere)
     out.save(0, current)
     bar = None
     if progress:
@@ -417,20 +471,43 @@ def _run(mu, attn, ts, merge_tol, tolerances, beta, solve, progress) -> MergingS
             and gap <= merge_tol * (1 + 1e-6)
         )
         if not located:
+            # The floor is 100 ulps of the segment's clock s = t - t_start: after
+            # s >= 1 it exceeds its value at s = 0, and a restart from here
+            # lowers it (a plateau of 1e15 ends in steps of order 1). A floor
+            # met at s < 1 is the dynamics' own (a blow-up): the run fails.
+            if result == dfx.RESULTS.dt_min_reached and t_end - t >= 1:
+                current, t = Particles(x_end, current.weights), t_end
+                continue
             status = MAX_STEPS if result == dfx.RESULTS.max_steps_reached else FAILED
             break
         # The root find leaves the pair a hair off tol: merge at their distance.
-        current, _ = merge(
+        current = _merge_until_apart(
             Particles(x_end, current.weights),
             max(merge_tol, gap * (1 + 1e-9)),
-            sphere=sphere,
+            sphere,
         )
         t = t_end
+        out.merge_times.append(t_end)
         if bar is not None:
             bar.update(k - current.n)
     if bar is not None:
         bar.close()
     return out.result(status_name(status), steps)
+
+
+def _merge_until_apart(atoms: Particles, tol: float, sphere: bool) -> Particles:
+    """`merge` until no two atoms are within tol.
+
+    A merged atom sits at its cluster's mean, which can be within tol of an
+    atom that was not within tol of any member (three atoms ~tol apart on S^2:
+    the mean of two is 0.87 tol from the third). The next solve's event fires
+    only when the distance falls through tol, so such a pair would never merge.
+    """
+    while True:
+        merged, _ = merge(atoms, tol, sphere=sphere)
+        if merged.n == atoms.n or merged.n == 1:
+            return merged
+        atoms = merged
 
 
 class _Record:
@@ -442,6 +519,7 @@ class _Record:
         self.weights = np.zeros((ts.size, n), dtype)
         self.counts = np.zeros(ts.size, np.int64)
         self.log_energy = np.full(ts.size, np.nan)
+        self.merge_times: list[float] = []
 
     def save(self, i: int, atoms: Particles) -> None:
         k = atoms.n
@@ -461,4 +539,5 @@ class _Record:
             beta=float(self.beta) if known else None,
             status=status,
             num_steps=steps,
+            merge_times=np.asarray(self.merge_times, np.float64),
         )

@@ -53,6 +53,12 @@ def _check_rho(rho, where: str) -> np.ndarray:
     return rho
 
 
+def _check_count(value, name: str) -> None:
+    """Reject a `value` that is not a positive integer (2.5 is not 2)."""
+    if isinstance(value, bool) or int(value) != value or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer; got {value!r}.")
+
+
 def sample_quantiles(rho: Float[ArrayLike, " N"], n: int) -> np.ndarray:
     """Angles (n,) at the quantiles (i + 1/2) / n of a density's cells.
 
@@ -63,8 +69,7 @@ def sample_quantiles(rho: Float[ArrayLike, " N"], n: int) -> np.ndarray:
     See [W1 on the circle][math-circle-w1].
     """
     rho = _check_rho(rho, "sample_quantiles")
-    if int(n) < 1:
-        raise ValueError(f"`n` must be a positive integer; got {n}.")
+    _check_count(n, "n")
     faces, cdf = _cdf_of_cells(rho)
     return np.interp((np.arange(int(n)) + 0.5) / int(n), cdf, faces)
 
@@ -96,7 +101,8 @@ def circle_w1(
         The distance, in radians (at most pi).
 
     Raises:
-        ValueError: `rho`, `angles` or `weights` malformed.
+        ValueError: `rho`, `angles` or `weights` malformed, `resolution` not a
+            positive integer.
         TypeError: `rho` is a `DensitySolution` (pass `sol.rho[i]`), or `angles`
             a particle `Solution` (pass `angles(sol.x[i])`).
     """
@@ -120,6 +126,7 @@ def circle_w1(
     if w.shape != angles.shape or np.any(w < 0) or not w.sum() > 0:
         raise ValueError(f"`weights` must be nonnegative with shape {angles.shape}.")
     w = w / w.sum()
+    _check_count(resolution, "resolution")
     grid = (np.arange(int(resolution)) + 0.5) * (TWO_PI / int(resolution))
     faces, cdf = _cdf_of_cells(rho)
     order = np.argsort(angles)

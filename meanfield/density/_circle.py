@@ -12,7 +12,9 @@ kernels' exact Fourier coefficients (modified Bessel functions): O(N log N) per
 evaluation. The flux rho v is upwinded at the cell faces from a MUSCL (minmod)
 reconstruction, so the semi-discrete scheme conserves mass exactly (the fluxes
 telescope) and keeps rho >= 0 (a cell at 0 sends nothing out). Time stepping is
-diffrax's adaptive Tsit5.
+the strong-stability-preserving SSPRK(3,3), adaptive, whose steps are kept only
+when every stage is >= 0 (`_ssp.PositiveSSPRK43`): the fully discrete scheme
+keeps rho >= 0 exactly too.
 """
 
 import dataclasses
@@ -28,12 +30,13 @@ from scipy.special import ive
 from .._checks import check_tolerances
 from .._clock import diffeqsolve_in_jit
 from .._repr import fields_repr
+from ._ssp import PositiveSSPRK43
 
 ATTENTIONS = ("softmax", "unnormalized")
-# Status "negative" below this many atol (measured: -18 atol at N = 512).
-NEGATIVE_ATOLS = 100
 # Mass |h sum rho - 1| accepted in rho0 (relative to N ulps it is generous).
 _MASS_TOL = 1e-8
+# log of float64's largest value: e^beta overflows past it (709.78).
+_LOG_MAX = float(np.log(np.finfo(np.float64).max))
 
 
 def cell_centres(N: int) -> np.ndarray:
@@ -87,7 +90,20 @@ def _kernel_coefficients(N: int, beta: float, attention: str):
     = (1/beta) d/dpsi K_c has ik I_k(beta) / beta. The half-cell phase moves the
     convolution from the cell centres to the right faces. Scaled by e^{-beta}
     (`ive`) against overflow; unnormalised attention multiplies it back.
+
+    Raises:
+        ValueError: unnormalised attention with e^beta beyond float64.
     """
+    if attention != "softmax" and beta > _LOG_MAX:
+        # The field itself is ~ e^beta / sqrt(2 pi beta): not representable, and
+        # its time scale e^{-beta} is not either. Refuse rather than return NaN.
+        raise ValueError(
+            f'`beta` = {beta:g} is too large for attention="unnormalized": its '
+            f"field is of size e^beta, beyond float64 for beta > {_LOG_MAX:.1f}. "
+            "Its dynamics on the clock e^{-beta} t is that of V = e^{-beta} I: "
+            "simulate particles with `mf.UnnormalizedAttention(I, A=beta I, "
+            'log_scale=-beta)`, or use attention="softmax".'
+        )
     k = np.arange(N // 2 + 1)
     shift = np.exp(0.5j * k * (2 * np.pi / N))
     i_k = ive(k, beta)
@@ -128,10 +144,9 @@ class DensitySolution:
         ts: save times, shape (T,); +inf where not reached.
         rho: cell values, shape (T, N) (h sum_j rho_j = 1, h = 2 pi / N); NaN
             rows where not reached.
-        status: "success", "max_steps", "negative" (a cell below -100 atol:
-            the semi-discrete scheme keeps rho >= 0, but an explicit step may
-            overshoot below 0 by about its error tolerance, not more), or
-            "failed".
+        status: "success", "max_steps", "negative" (a cell below 0; the
+            positive time steps never make one), or "failed" (a non-finite
+            density, or a step rejected below 100 ulps of t).
         num_steps: accepted + rejected steps.
         beta: the inverse temperature.
         attention: "softmax" or "unnormalized".
@@ -179,15 +194,22 @@ def _solve(rho0, t1, ts, cos_hat, sin_hat, rtol, atol, *, softmax, max_steps, pr
     meter = (
         dfx.TqdmProgressMeter(refresh_steps=20) if progress else dfx.NoProgressMeter()
     )
+    # Positive steps (`PositiveSSPRK43`), landing on the save times so that the
+    # saved rows are steps' ends, not interpolants. No floor on the step beyond
+    # the solver's own (relative to t): unnormalised attention at beta ~ 700
+    # moves on a time scale e^{-beta}.
+    controller = dfx.ClipStepSizeController(
+        dfx.PIDController(rtol=rtol, atol=atol), step_ts=ts
+    )
     sol = diffeqsolve_in_jit(  # inside this jit: no second jit wrapper
         dfx.ODETerm(field),
-        dfx.Tsit5(),
+        PositiveSSPRK43(),
         jnp.zeros((), rho0.dtype),
         t1,
         None,
         rho0,
         saveat=dfx.SaveAt(ts=ts),
-        stepsize_controller=dfx.PIDController(rtol=rtol, atol=atol),
+        stepsize_controller=controller,
         max_steps=max_steps,
         throw=False,
         progress_meter=meter,
@@ -231,11 +253,15 @@ def simulate(
 
     Raises:
         ValueError: rho0 not a finite nonnegative (N,) array of mass 1, N < 4,
-            beta or t1 not positive, unknown attention, saveat outside [0, t1].
+            beta or t1 not positive, unknown attention, saveat outside [0, t1],
+            max_steps not a positive integer, beta > 709.8 (e^beta beyond
+            float64) with attention="unnormalized".
     """
     beta = _check_beta(beta)
     _check_attention(attention)
     check_tolerances(rtol, atol)
+    if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 1:
+        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
     rho0 = np.asarray(rho0, np.float64)
     if rho0.ndim != 1 or rho0.shape[0] < 4:
         raise ValueError(f"`rho0` must have shape (N,), N >= 4; got {rho0.shape}.")
@@ -276,21 +302,25 @@ def simulate(
     return DensitySolution(
         ts=out_ts,
         rho=np.where(np.isfinite(out_ts)[:, None], rho, np.nan),
-        status=_status(result, rho, out_ts, float(atol)),
+        status=_status(result, rho, out_ts),
         num_steps=int(steps),
         beta=beta,
         attention=attention,
     )
 
 
-def _status(result, rho, ts, atol) -> str:
+def _status(result, rho, ts) -> str:
+    reached = rho[np.isfinite(ts)]
+    # A non-finite density is a failure whatever the solver's own result (it
+    # used to read "max_steps": the steps shrank on NaN until the budget ran out).
+    if not np.all(np.isfinite(reached)):
+        return "failed"
     if result == dfx.RESULTS.max_steps_reached:
         return "max_steps"
     if result != dfx.RESULTS.successful:
         return "failed"
-    reached = rho[np.isfinite(ts)]
-    if not np.all(np.isfinite(reached)):
-        return "failed"
-    if reached.min() < -NEGATIVE_ATOLS * atol:
+    # Every accepted step is >= 0 exactly (`PositiveSSPRK43`): any negative cell
+    # is a defect, never "success".
+    if reached.size and reached.min() < 0:
         return "negative"
     return "success"

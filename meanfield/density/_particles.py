@@ -42,12 +42,20 @@ def simulate_particles(
 
     Returns:
         The particle `Solution`, x of shape (T, n, 2).
+
+    Raises:
+        ValueError: `theta` not a finite (n,) array, `beta` not positive, unknown
+            `attention`.
     """
     beta = _check_beta(beta)
     _check_attention(attention)
     theta = np.asarray(theta, np.float64)
     if theta.ndim != 1 or theta.size == 0:
         raise ValueError(f"`theta` must have shape (n,), n >= 1; got {theta.shape}.")
+    if not np.all(np.isfinite(theta)):
+        # Checked here: the tokens built from it would be named `x` in the error.
+        bad = int(np.sum(~np.isfinite(theta)))
+        raise ValueError(f"`theta` must be finite; got {bad} NaN or inf angle(s).")
     family = SoftmaxAttention if attention == "softmax" else UnnormalizedAttention
     with jax.enable_x64(True):
         return simulate(

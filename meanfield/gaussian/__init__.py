@@ -5,6 +5,7 @@ Perspective on the Dynamics of Deep Transformers", 2025). Formulas:
 [Gaussians][math-gaussians] (docs/math/gaussians.md).
 """
 
+from ._blowup_study import BlowupStudy
 from ._ode import (
     ClosedForm,
     GaussianSolution,
@@ -13,7 +14,7 @@ from ._ode import (
     simulate,
 )
 from ._particles import ParticleComparison, compare_particles
-from ._study import BlowupStudy, blowup_times, numerical_rank
+from ._study import blowup_times, numerical_rank
 from ._velocity import velocity
 
 __all__ = [

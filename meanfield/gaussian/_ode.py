@@ -37,7 +37,9 @@ class GaussianSolution(eqx.Module):
     """Trajectory of N(alpha(t), Sigma(t)).
 
     Attributes:
-        ts: save times (T,); +inf after a blow-up.
+        ts: save times (T,). With saveat=None, (t0, t_final): the last row is
+            the state where the solve stopped (t1 unless it stopped early);
+            explicit save times after an early stop are +inf, as their rows.
         mean: alpha(t), shape (T, d).
         cov: Sigma(t), shape (T, d, d), symmetric.
         blowup_time: time at which lambda_max(Sigma) diverges (+inf if not on
@@ -201,7 +203,8 @@ def simulate(
         attn: softmax, L2, Sinkhorn or multi-head attention.
         t1: final time.
         t0: initial time.
-        saveat: save times (T,) in [t0, t1]; None saves t0 and t1.
+        saveat: save times (T,) in [t0, t1]; None saves t0 and the end of the
+            solve, t_final (t1 unless it stopped early).
         rtol: relative tolerance.
         atol: absolute tolerance.
         max_steps: step budget (status "max_steps" when exhausted).
@@ -212,7 +215,7 @@ def simulate(
         A `GaussianSolution`.
 
     Raises:
-        ValueError: unsupported attention, bad times or threshold.
+        ValueError: unsupported attention, bad times, threshold or `max_steps`.
     """
     _check(gauss, attn)
     check_finite_times(t0=t0, t1=t1)
@@ -223,6 +226,8 @@ def simulate(
         raise ValueError(
             f"`blowup_threshold` must be positive; got {blowup_threshold}."
         )
+    if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 1:
+        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
     dtype = jnp.promote_types(gauss.mean.dtype, jnp.result_type(float))
     mean0, cov0 = gauss.mean.astype(dtype), gauss.cov.astype(dtype)
     if is_traced(cov0):
@@ -258,7 +263,6 @@ def _solve(
     rate = (t1 - t0) / length  # dt/ds
     if fractions is None:
         sub = dfx.SubSaveAt(t0=True, t1=True)
-        ts = jnp.stack([t0, t1])
     else:
         sub = dfx.SubSaveAt(ts=jnp.asarray(fractions, dtype) * length)
 
@@ -296,8 +300,11 @@ def _solve(
             throw=False,
         )
     (s_saved, s_end), ((means, covs, _), (mean_end, cov_end, _)) = sol.ts, sol.ys
-    ts = jnp.where(jnp.isfinite(s_saved), ts.astype(dtype), jnp.inf)
     t_final = jnp.where(s_end[0] == length, t1, to_t(s_end[0], t0, rate))
+    if fractions is None:  # the last row is where the solve stopped
+        ts = jnp.stack([t0, t_final])
+    else:
+        ts = jnp.where(jnp.isfinite(s_saved), ts.astype(dtype), jnp.inf)
     remaining = _time_to_singularity(field, t_final, (mean_end[0], cov_end[0]))
     # A collapsed step size is a blow-up only if lambda_max follows a power law
     # whose singularity is within 1000 minimal steps; otherwise the run is merely

@@ -12,8 +12,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter
 
+from ..gaussian._blowup_study import BlowupStudy
 from ..gaussian._ode import GaussianSolution
-from ..gaussian._study import BlowupStudy
 from ._common import _new_axes
 
 _TIME_CMAP = "viridis"

@@ -1,0 +1,114 @@
+"""Checks of the inputs of `mf.simulate` (and of every `mf.simulate_ensemble` system).
+
+Two value checks read the initial tokens: no zero token under a normalization
+that needs its direction, and a start strictly inside `blowup_radius` (only an
+upward crossing is an event: a start at or beyond it would run as if nothing
+happened). Concrete tokens are checked on the host, a ValueError naming the rows,
+or the systems of an ensemble's (B, n, d) tokens, before anything is vmapped.
+Traced tokens (a caller's jax.jit or jax.vmap) cannot raise for one member
+without stopping all of them: `invalid_start` gives a traced flag, and the solve
+reports status "invalid_input" for that member only.
+"""
+
+import math
+
+import diffrax as dfx
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import host_array
+from ._linalg import host_row_norms, row_norms
+from ._normalization import ON_SPHERE, needs_directions
+
+#: Token dtypes of an adaptive solve: in half precision 100 ulps of t are 0.1
+#: (float16) or 0.8 (bfloat16) at t = 1, so the step floor ends every solve.
+SUPPORTED_DTYPES = ("float32", "float64")
+
+
+def _listed(indices: np.ndarray) -> str:
+    return f"{indices[:5].tolist()}" + (" ..." if indices.size > 5 else "")
+
+
+def check_start(x, normalization, blowup_radius: float, name="measure") -> None:
+    """ValueError if the concrete tokens x (n, d), or (B, n, d), cannot start.
+
+    `name` is the argument that holds them, for the message.
+
+    Raises:
+        ValueError: a zero token under a normalization, or max_i |x_i| not below
+            `blowup_radius` (in any system of a batch).
+    """
+    x = host_array(x)
+    batched = x.ndim == 3
+    if needs_directions(normalization):
+        zero = ~np.any(x != 0, axis=-1)  # (..., n)
+        if zero.any():
+            where = (
+                f"systems {_listed(np.flatnonzero(zero.any(axis=-1)))} hold one"
+                if batched
+                else f"rows {_listed(np.flatnonzero(zero))} are zero"
+            )
+            raise ValueError(
+                f"`{name}` must have no zero token with "
+                f"normalization={normalization!r} (it has no direction); {where}."
+            )
+    # On the sphere every token starts at radius 1.
+    shape = x.shape[:-2]
+    if normalization in ON_SPHERE:
+        start = np.ones(shape)
+    else:
+        start = host_row_norms(x).max(-1).astype(np.float64)
+    outside = ~(start < blowup_radius)
+    if np.any(outside):
+        if batched:
+            members = np.flatnonzero(outside)
+            where = (
+                "every system's initial radius max_i |x_i|; systems "
+                f"{_listed(members)} start at {np.max(start[members]):g} or beyond"
+            )
+        else:
+            where = f"the initial radius max_i |x_i| = {float(start):g}"
+        raise ValueError(f"`blowup_radius` must exceed {where}; got {blowup_radius}.")
+
+
+def invalid_start(x, normalization, blowup_radius: float):
+    """Traced flag: the tokens x (n, d) fail a check of `check_start`."""
+    bad = jnp.asarray(False)
+    if needs_directions(normalization):
+        bad = jnp.any(jnp.all(x == 0, axis=-1))
+    if normalization not in ON_SPHERE:
+        bad = bad | ~(jnp.max(row_norms(x)) < blowup_radius)
+    return bad
+
+
+def check_options(dtype, max_steps, adjoint, ngpt_alpha) -> None:
+    """ValueError for a token dtype, step budget, adjoint or ngpt_alpha no solve takes.
+
+    Raises:
+        ValueError: a dtype outside SUPPORTED_DTYPES, `max_steps` not an integer
+            >= 1 (2.7 is not truncated), `adjoint` not a diffrax adjoint or None,
+            `ngpt_alpha` not a finite number.
+    """
+    if jnp.dtype(dtype).name not in SUPPORTED_DTYPES:
+        raise ValueError(
+            f"`measure` must hold tokens of dtype {' or '.join(SUPPORTED_DTYPES)} "
+            f"(the solver's time and step floor need their resolution); got "
+            f"{jnp.dtype(dtype).name}: pass x.astype(jnp.float32)."
+        )
+    if isinstance(max_steps, bool) or not is_integer(max_steps) or max_steps < 1:
+        raise ValueError(f"`max_steps` must be an integer >= 1; got {max_steps!r}.")
+    if adjoint is not None and not isinstance(adjoint, dfx.AbstractAdjoint):
+        raise ValueError(
+            "`adjoint` must be a diffrax adjoint (e.g. diffrax.ForwardMode()) or "
+            f"None; got {adjoint!r}."
+        )
+    if not math.isfinite(float(ngpt_alpha)):
+        raise ValueError(f"`ngpt_alpha` must be a finite number; got {ngpt_alpha!r}.")
+
+
+def is_integer(value) -> bool:
+    """Whether `value` is a whole number: 3 or 3.0, never 2.7 (int() truncates)."""
+    try:
+        return int(value) == value
+    except (TypeError, ValueError, OverflowError):
+        return False
