@@ -230,6 +230,11 @@ def test_unnormalized_density_refuses_a_beta_whose_field_overflows():
     sol = density.simulate(rho, 1e-300, beta=700.0, attention="unnormalized")
     assert sol.status == "success"
     np.testing.assert_allclose(sol.rho[-1], rho, rtol=1e-13)  # uniform: at rest
+    # The same model as tokens refuses the same beta (its field overflowed too).
+    with pytest.raises(ValueError, match=r"`beta` = 800 is too large.*log_scale"):
+        density.simulate_particles(
+            np.zeros(3), 1.0, beta=800.0, attention="unnormalized"
+        )
 
 
 @pytest.mark.parametrize(

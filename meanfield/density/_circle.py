@@ -83,16 +83,11 @@ def _check_attention(attention) -> None:
         raise ValueError(f"`attention` must be one of {ATTENTIONS}; got {attention!r}.")
 
 
-def _kernel_coefficients(N: int, beta: float, attention: str):
-    """2 pi K^_k e^{ikh/2} / scale for k = 0..N/2: (denominator, numerator).
-
-    K_c = e^{beta cos psi} has K^_k = I_k(beta); K_s = -e^{beta cos psi} sin psi
-    = (1/beta) d/dpsi K_c has ik I_k(beta) / beta. The half-cell phase moves the
-    convolution from the cell centres to the right faces. Scaled by e^{-beta}
-    (`ive`) against overflow; unnormalised attention multiplies it back.
+def _check_representable(beta: float, attention: str) -> None:
+    """Refuse unnormalised attention whose field e^beta is beyond float64.
 
     Raises:
-        ValueError: unnormalised attention with e^beta beyond float64.
+        ValueError: attention="unnormalized" with beta > 709.8.
     """
     if attention != "softmax" and beta > _LOG_MAX:
         # The field itself is ~ e^beta / sqrt(2 pi beta): not representable, and
@@ -104,6 +99,20 @@ def _kernel_coefficients(N: int, beta: float, attention: str):
             "simulate particles with `mf.UnnormalizedAttention(I, A=beta I, "
             'log_scale=-beta)`, or use attention="softmax".'
         )
+
+
+def _kernel_coefficients(N: int, beta: float, attention: str):
+    """2 pi K^_k e^{ikh/2} / scale for k = 0..N/2: (denominator, numerator).
+
+    K_c = e^{beta cos psi} has K^_k = I_k(beta); K_s = -e^{beta cos psi} sin psi
+    = (1/beta) d/dpsi K_c has ik I_k(beta) / beta. The half-cell phase moves the
+    convolution from the cell centres to the right faces. Scaled by e^{-beta}
+    (`ive`) against overflow; unnormalised attention multiplies it back.
+
+    Raises:
+        ValueError: unnormalised attention with e^beta beyond float64.
+    """
+    _check_representable(beta, attention)
     k = np.arange(N // 2 + 1)
     shift = np.exp(0.5j * k * (2 * np.pi / N))
     i_k = ive(k, beta)

@@ -8,7 +8,7 @@ from .._attention.ill_posed import UnnormalizedAttention
 from .._attention.softmax import SoftmaxAttention
 from .._dynamics import Solution, simulate
 from .._measures import Particles
-from ._circle import _check_attention, _check_beta
+from ._circle import _check_attention, _check_beta, _check_representable
 
 
 def simulate_particles(
@@ -45,10 +45,12 @@ def simulate_particles(
 
     Raises:
         ValueError: `theta` not a finite (n,) array, `beta` not positive, unknown
-            `attention`.
+            `attention`, beta > 709.8 (e^beta beyond float64) with
+            attention="unnormalized".
     """
     beta = _check_beta(beta)
     _check_attention(attention)
+    _check_representable(beta, attention)
     theta = np.asarray(theta, np.float64)
     if theta.ndim != 1 or theta.size == 0:
         raise ValueError(f"`theta` must have shape (n,), n >= 1; got {theta.shape}.")
