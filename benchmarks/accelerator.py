@@ -1,7 +1,8 @@
 """The accelerator suite: one command for a GPU (or any JAX device).
 
     python benchmarks/accelerator.py [--tiny] [--out DIR] [--budget SECONDS]
-        [--parts a b c d e] [--no-progress]
+        [--parts a b c d e] [--ns N ...] [--ds D ...] [--impls NAME ...]
+        [--tile-n N] [--no-progress]
 
 Run from the repository root; meanfield need not be installed (this script puts
 the repository on `sys.path`), so it runs on a bare image with JAX, diffrax,
@@ -21,7 +22,8 @@ NumPy, SciPy and matplotlib. Five parts (sizes: full / `--tiny`):
   e. `mf.lipschitz.local` at n = 4096, d = 384, 12 heads (/ 64, 48, 4 heads).
 
 Parts a and c-e run first; the sweep (b) gets the rest of `--budget` (default
-510 s: the suite ends within 9 minutes). Writes accelerator_<device>.json (a
+510 s: the suite ends within 9 minutes), its tile sweep at least the last quarter
+of it; `--ns`, `--ds`, `--impls` and `--tile-n` narrow part b. Writes accelerator_<device>.json (a
 manifest with the device, driver and versions, then each part, saved after every
 part and every case, atomically) and accelerator_<device>.png into --out (default
 out/accelerator; the committed results are in benchmarks/results, written only
@@ -29,6 +31,7 @@ when named). `--tiny` runs everything on the CPU in under 2 minutes; a test runs
 """
 
 import argparse
+import copy
 import importlib.metadata
 import os
 import subprocess
@@ -43,6 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)  # float64 references; timings are float32
 
@@ -159,7 +163,27 @@ def run_part(result: dict, key: str, fn, save) -> None:
     save()
 
 
-def tile_sweep(n: int, d: int, tiles: list, budget: float) -> dict:
+def tile_estimates(records: list[dict], n: int) -> dict[str, float]:
+    """Seconds per kernel at n, projected (x n^2) from the sweep's largest n."""
+    kernels = {"jax_blocked": "blocked", "jax_fused": "fused"}
+    estimates, largest = {}, {}
+    for r in records:
+        kernel = kernels.get(r["impl"])
+        if kernel and r["status"] == "ok" and r["n"] >= largest.get(kernel, 0):
+            largest[kernel] = r["n"]
+            estimates[kernel] = r["seconds"] * (n / r["n"]) ** 2
+    return estimates
+
+
+def tile_sweep(
+    n: int,
+    d: int,
+    tiles: list,
+    deadline: float,
+    floor: dict,
+    on_row=None,
+    estimates: dict[str, float] | None = None,
+) -> dict:
     """Seconds of one evaluation at (n, d) per kernel and tile shape.
 
     The library's blocked softmax takes block_q = 4 block_size and the fused one
@@ -172,21 +196,30 @@ def tile_sweep(n: int, d: int, tiles: list, budget: float) -> dict:
         d: dimension.
         tiles: (kernel, queries per tile, keys per tile), kernel "blocked" or
             "fused".
-        budget: seconds; later shapes are recorded as skipped.
+        deadline: a `time.perf_counter()` value; a shape whose warm-up and
+            timed call are projected (from the kernel's last shape) to end after
+            it is recorded as skipped, with the reason.
+        floor: the `measure_floor` result the fractions are taken against.
+        on_row: called with the result so far after each shape (e.g. to save).
+        estimates: seconds per kernel at n before any of its shapes ran
+            (`tile_estimates`); a kernel with none runs its first shape.
     """
     import jax.numpy as jnp
 
     from meanfield._app.bench_cases import problem
-    from meanfield._app.bench_machine import floor_seconds, measure_floor
+    from meanfield._app.bench_machine import floor_seconds
     from meanfield._kernels import blocked, fused
 
     x, A, V = (jnp.asarray(a) for a in problem(n, d))
-    floor = measure_floor()
-    rows, deadline = [], time.perf_counter() + budget
+    last = dict(estimates or {})  # kernel -> seconds of its last measured shape
+    rows = []
+    result = dict(n=n, d=d, floor=floor, rows=rows)
     for kernel, bq, bk in tiles:
         row = dict(kernel=kernel, block_q=bq, block_k=bk)
         rows.append(row)
-        if time.perf_counter() > deadline:
+        # A warm-up and a timed call, each about as long as the kernel's last shape.
+        projected = 2 * last.get(kernel, 0.0)
+        if time.perf_counter() + projected > deadline:
             row.update(status="skipped", reason="the sweep's time budget is spent")
             continue
         average = {"blocked": blocked, "fused": fused}[kernel].softmax_average
@@ -203,9 +236,12 @@ def tile_sweep(n: int, d: int, tiles: list, budget: float) -> dict:
             seconds = time.perf_counter() - start
             fraction = floor_seconds(n, d, floor) / seconds
             row.update(status="ok", seconds=seconds, fraction_of_floor=fraction)
+            last[kernel] = seconds
         except Exception as err:  # e.g. a tile that does not fit
             row.update(status="error", reason=f"{type(err).__name__}: {err}"[:300])
-    return dict(n=n, d=d, floor=floor, rows=rows)
+        if on_row is not None:
+            on_row(result)
+    return result
 
 
 def plot(result: dict):
@@ -418,12 +454,33 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--parts", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run"
     )
+    parser.add_argument(
+        "--ns", nargs="+", type=int, help="part b's token counts (default: the size's)"
+    )
+    parser.add_argument(
+        "--ds", nargs="+", type=int, help="part b's dimensions (default: the size's)"
+    )
+    parser.add_argument(
+        "--impls", nargs="+", choices=IMPLS, help="part b's implementations (all)"
+    )
+    parser.add_argument(
+        "--tile-n", type=int, help="tokens of part b's tile sweep (default: the size's)"
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     args = parser.parse_args(argv)
+    for name in ("ns", "ds", "tile_n"):
+        values = getattr(args, name)
+        if values is not None and min(np.atleast_1d(values)) < 1:
+            return fail(parser, f"--{name.replace('_', '-')} must be >= 1; got {values}")
     if args.tiny:
         jax.config.update("jax_platforms", "cpu")
     budget = args.budget or (90.0 if args.tiny else 510.0)
-    sizes = SIZES["tiny" if args.tiny else "full"]
+    sizes = copy.deepcopy(SIZES["tiny" if args.tiny else "full"])
+    for key in ("ns", "ds", "impls"):
+        if getattr(args, key) is not None:
+            sizes["scaling"][key] = getattr(args, key)
+    if args.tile_n is not None:
+        sizes["tiles"]["n"] = args.tile_n
     start = time.perf_counter()
 
     from meanfield._app.bench_report import device_name, use_agg
@@ -437,7 +494,7 @@ def main(argv=None) -> int:
     except ValueError as err:  # empty, cannot be created or written
         return fail(parser, err)
     name = f"accelerator_{'tiny_' if args.tiny else ''}{device_name()}"
-    config = dict(vars(args), budget=budget, sizes=sizes, impls=IMPLS)
+    config = dict(vars(args), budget=budget, sizes=sizes, impls=sizes["scaling"].get("impls", IMPLS))
     result = dict(manifest={}, parts={})
     device = device_info()
 
@@ -484,33 +541,49 @@ def main(argv=None) -> int:
 
             def scaling():
                 from meanfield._app import bench, bench_config
+                from meanfield._app.bench_machine import measure_floor
 
-                remaining = budget - (time.perf_counter() - start)
-                t = sizes["tiles"]
-                tiles = tile_sweep(t["n"], t["d"], t["tiles"], 0.15 * remaining)
+                entry = dict(status="running", stage="floor", sweep=None, tiles=None)
+
+                def keep(key, partial):
+                    entry[key] = partial
+                    result["parts"]["b"] = entry
+                    save()
+
+                # Saved before each stage: a run killed mid-way says where it was.
+                keep("stage", "floor")
+                floor = measure_floor()  # one floor for sweep and tiles alike
+                keep("stage", "sweep")
+                end = start + budget - 15  # leave time for the plot
+                # The sweep first (the headline numbers), the tiles after it, with
+                # at least a quarter of what is left when part b starts.
+                sweep_end = end - 0.25 * max(0.0, end - time.perf_counter())
                 memory = device.get("memory_bytes")
                 max_bytes = 0.4 * memory if memory else 3 * bench_config.GIB
                 s = sizes["scaling"]
-                deadline = start + budget - 15  # leave time for the plot
-
-                def keep(partial):
-                    result["parts"]["b"] = dict(
-                        status="running", sweep=partial, tiles=tiles
-                    )
-                    save()
-
                 sweep = bench.run(
                     s["ns"],
                     s["ds"],
-                    IMPLS,
+                    s.get("impls", IMPLS),
                     solve_steps=0,
                     repeats=s["repeats"],
                     max_seconds_per_case=s["max_seconds_per_case"],
                     max_bytes=max_bytes,
                     progress=args.progress,
-                    on_record=keep,
-                    deadline=deadline,
-                    floor=tiles["floor"],  # one floor for tiles and sweep alike
+                    on_record=lambda partial: keep("sweep", partial),
+                    deadline=sweep_end,
+                    floor=floor,
+                )
+                keep("stage", "tiles")
+                t = sizes["tiles"]
+                tiles = tile_sweep(
+                    t["n"],
+                    t["d"],
+                    t["tiles"],
+                    end,
+                    floor,
+                    on_row=lambda partial: keep("tiles", partial),
+                    estimates=tile_estimates(sweep["records"], t["n"]),
                 )
                 return dict(sweep=sweep, tiles=tiles)
 

@@ -1,6 +1,7 @@
 import json
 import math
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -111,6 +112,20 @@ def test_measure_floor(floor):
         floor["exp_elementwise_per_second"], floor["exp_fused_per_second"]
     )
     assert _bench.floor_seconds(1024, 16, floor) > 0
+
+
+def test_exp_chain_keeps_every_exponential():
+    """The accelerators' exp-rate kernel: right values, no step simplified away."""
+    from meanfield._app import bench_machine
+
+    y = np.linspace(0.0, 3.0, 257, dtype=np.float32)
+    want = y.astype(np.float64)
+    for _ in range(bench_machine.EXP_CHAIN):
+        want = np.exp(-want)
+    got = np.asarray(bench_machine._exp_chain(jnp.asarray(y)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    hlo = bench_machine._exp_chain.lower(jnp.asarray(y)).compile().as_text()
+    assert hlo.count("exponential(") == bench_machine.EXP_CHAIN
 
 
 def test_seed_reaches_the_problems(result):

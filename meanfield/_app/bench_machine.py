@@ -34,10 +34,13 @@ def measure_floor(*, repeats: int = 5) -> dict[str, Any]:
 
     The exp rate is the better of two kernels on all cores: `jnp.exp` over a large
     array (2^22 elements on CPU: 16 MiB, not bound by page faults on fresh
-    outputs) and exp fused into a row sum over a grid (4096 x 4096 on CPU; what a
-    softmax kernel does, with no memory traffic). The matmul rate is an m x m
-    product (m = 2048 on CPU) at JAX's default precision, as in the kernels.
-    Accelerators get larger sizes so that kernel launches do not dominate.
+    outputs) and a kernel whose exponentials need no memory traffic: on a CPU exp
+    fused into a row sum over a 4096 x 4096 grid (what a softmax kernel does); on
+    an accelerator `EXP_CHAIN` exponentials chained on each of 2^24 elements
+    (XLA's GPU compiler took minutes over the row sum of a grid large enough to
+    hide kernel launches). The matmul rate is an m x m product (m = 2048 on
+    CPU) at JAX's default precision, as in the kernels. Accelerators get larger
+    sizes so that kernel launches do not dominate.
 
     Args:
         repeats: timed calls per kernel after a warm-up; the minimum is kept.
@@ -54,9 +57,15 @@ def measure_floor(*, repeats: int = 5) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal(size).astype(np.float32))
     elementwise = size / _best_seconds(lambda: _exp(x), repeats)
-    rows = jnp.asarray(rng.standard_normal(rows_n).astype(np.float32))
-    cols = jnp.asarray(rng.standard_normal(cols_n).astype(np.float32))
-    fused = rows_n * cols_n / _best_seconds(lambda: _exp_rowsum(rows, cols), repeats)
+    if on_cpu:
+        rows = jnp.asarray(rng.standard_normal(rows_n).astype(np.float32))
+        cols = jnp.asarray(rng.standard_normal(cols_n).astype(np.float32))
+        seconds = _best_seconds(lambda: _exp_rowsum(rows, cols), repeats)
+        fused, fused_size = rows_n * cols_n / seconds, [rows_n, cols_n]
+    else:
+        y = jnp.asarray(rng.random(1 << 24).astype(np.float32))
+        seconds = _best_seconds(lambda: _exp_chain(y), repeats)
+        fused, fused_size = EXP_CHAIN * y.size / seconds, [y.size, EXP_CHAIN]
     a = jnp.asarray(rng.standard_normal((m, m)).astype(np.float32))
     flops = 2 * m**3 / _best_seconds(lambda: _matmul(a, a), repeats)
     half = {}
@@ -71,7 +80,8 @@ def measure_floor(*, repeats: int = 5) -> dict[str, Any]:
         "exp_fused_per_second": fused,
         "matmul_flops_per_second": flops,
         **half,
-        "sizes": {"exp": size, "exp_fused": [rows_n, cols_n], "matmul": m},
+        "sizes": {"exp": size, "exp_fused": fused_size, "matmul": m},
+        "exp_fused_kernel": "row sum" if on_cpu else "chain",
         "seconds": time.perf_counter() - start,
     }
 
@@ -84,6 +94,23 @@ def _exp(x):
 @jax.jit
 def _exp_rowsum(rows, cols):
     return jnp.sum(jnp.exp(rows[:, None] * 0.1 + cols[None, :] * 0.1), axis=1)
+
+
+#: Exponentials per element in `_exp_chain`: enough that the kernel is bound by
+#: the exp unit, not by reading and writing its 4-byte elements.
+EXP_CHAIN = 64
+
+
+@jax.jit
+def _exp_chain(y):
+    """y -> exp(-y), `EXP_CHAIN` times per element, in one elementwise kernel.
+
+    exp(-y) maps [0, inf) into (0, 1], so the chain stays finite and no
+    simplification can remove a step.
+    """
+    for _ in range(EXP_CHAIN):
+        y = jnp.exp(-y)
+    return y
 
 
 @jax.jit
