@@ -358,6 +358,36 @@ def test_five_tokens_at_beta_500_merge_down_to_one_atom():
     assert np.all(np.diff(run.log_energy) >= -1e-12)
 
 
+@pytest.mark.slow
+def test_koubbi_five_tokens_reach_one_atom_at_3e15():
+    """The 5-token staircase of Geshkovski, Koubbi, Polyanskiy & Rigollet
+    (*Dynamic metastability in the self-attention model*, 2024; their script's
+    initial angles 0.5 (0, 0.5, 2, 4, 7) log(2000) / sqrt(2000)) at beta = 500,
+    unnormalised with V = e^{-beta} / n: the last merge at tau = 3.15e15, the
+    value an independent Radau + quadrature solve gives (to its 3 digits)."""
+    beta, n = 500.0, 5
+    unit = np.log(2000.0) / np.sqrt(2000.0)
+    theta = 0.5 * np.array([0.0, 0.5, 2.0, 4.0, 7.0]) * unit
+    x = np.stack([np.cos(theta), np.sin(theta)], 1)
+    attn = mf.UnnormalizedAttention(
+        np.eye(2), A=beta * np.eye(2), log_scale=-beta - np.log(n)
+    )
+    ts = np.concatenate([[0.0], np.logspace(-2, 20, 45)])
+    run = simulate_merging(
+        mf.Particles(x),
+        attn,
+        ts[-1],
+        merge_tol=1e-4,
+        saveat=ts,
+        normalization="sphere",
+        beta=beta,
+    )
+    assert run.status == "success" and run.counts[-1] == 1
+    assert run.merge_times.size == 4 and np.all(np.diff(run.merge_times) > 0)
+    # The reference's 3 digits: +-0.5 of the last one.
+    np.testing.assert_allclose(run.merge_times[-1], 3.15e15, rtol=0.005 / 3.15)
+
+
 def test_simulate_merging_checks_its_arguments():
     attn = mf.SoftmaxAttention(np.eye(2), A=np.eye(2))
     mu = mf.Particles(_circle(4))
