@@ -5,13 +5,15 @@ single-linkage clusters with a gap-based automatic tolerance, the number of clus
 over time, the time at which all tokens form one cluster, and the convex polytope
 whose boundary the rescaled tokens converge to when V = I (Geshkovski, Letrouit,
 Polyanskiy & Rigollet, "The Emergence of Clusters in Self-Attention Dynamics",
-NeurIPS 2023). Post-processing on the host in NumPy/SciPy on concrete float64
+NeurIPS 2023), and the statistics of ensembles over save times (order parameter,
+aligned pairs and groups; JAX, usable as an ensemble's `reduce`). Post-processing on the host in NumPy/SciPy on concrete float64
 arrays (`rescale` excepted), in O(n d + 16 n) memory: never an (n, n) matrix.
 """
 
 from ._detect import Clusters, clusters, detect
 from ._energy import energy
 from ._merging import MergingSolution, merge, simulate_merging
+from ._order import Statistics, aligned_groups, order_parameter, statistics
 from ._over_time import CONSENSUS_TOL as CONSENSUS_TOL
 from ._over_time import ClusterCounts, cluster_counts, consensus_time, diameter
 from ._phase import (
@@ -31,6 +33,8 @@ __all__ = [
     "MergingSolution",
     "PhaseDiagram",
     "Polytope",
+    "Statistics",
+    "aligned_groups",
     "cluster_counts",
     "clusters",
     "consensus_time",
@@ -41,9 +45,11 @@ __all__ = [
     "equiangular_time",
     "head_attention",
     "merge",
+    "order_parameter",
     "pair_alignment",
     "phase_diagram",
     "polytope",
     "rescale",
     "simulate_merging",
+    "statistics",
 ]
