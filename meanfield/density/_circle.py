@@ -12,9 +12,11 @@ kernels' exact Fourier coefficients (modified Bessel functions): O(N log N) per
 evaluation. The flux rho v is upwinded at the cell faces from a MUSCL (minmod)
 reconstruction, so the semi-discrete scheme conserves mass exactly (the fluxes
 telescope) and keeps rho >= 0 (a cell at 0 sends nothing out). Time stepping is
-the strong-stability-preserving SSPRK(3,3), adaptive, whose steps are kept only
+the strong-stability-preserving SSPRK(4,3), adaptive, whose steps are kept only
 when every stage is >= 0 (`_ssp.PositiveSSPRK43`): the fully discrete scheme
-keeps rho >= 0 exactly too.
+keeps rho >= 0 exactly too. With noise sigma > 0 the equation gains
+(sigma^2 / 2) d_theta^2 rho, solved exactly and split from the transport
+(`_splitting`).
 """
 
 import dataclasses
@@ -30,6 +32,7 @@ from scipy.special import ive
 from .._checks import check_tolerances
 from .._clock import diffeqsolve_in_jit
 from .._repr import fields_repr
+from ._splitting import SplitHeatSSPRK43, heat_rates
 from ._ssp import PositiveSSPRK43
 
 ATTENTIONS = ("softmax", "unnormalized")
@@ -44,37 +47,17 @@ def cell_centres(N: int) -> np.ndarray:
     return (np.arange(N) + 0.5) * (2 * np.pi / N)
 
 
-def growth_rate(k, beta: float, attention: str = "softmax") -> np.ndarray:
-    """Growth rate of the Fourier mode e^{ik theta} of the uniform density.
-
-    Linearising at rho = 1/(2 pi) (docs/math/density.md):
-    lambda_k = k^2 I_k(beta) / (beta I_0(beta)) for softmax, k^2 I_k(beta) / beta
-    unnormalised. Every mode k >= 1 grows; the fastest is near sqrt(2 beta).
-
-    See [Linear growth of the uniform state][math-density-growth] for the derivation.
-    """
-    k = np.abs(np.asarray(k, np.float64))
-    beta = _check_beta(beta)
-    _check_attention(attention)
-    if attention == "softmax":
-        return k**2 * ive(k, beta) / (beta * ive(0, beta))
-    return k**2 * ive(k, beta) * np.exp(beta) / beta
-
-
-def fastest_mode(beta: float, attention: str = "softmax") -> int:
-    """The mode k >= 1 of largest `growth_rate`: the clusters that emerge from noise.
-
-    See [Linear growth of the uniform state][math-density-growth].
-    """
-    beta = _check_beta(beta)
-    k = np.arange(1, int(4 * np.sqrt(beta)) + 4)
-    return int(k[np.argmax(growth_rate(k, beta, attention))])
-
-
 def _check_beta(beta) -> float:
     value = float(beta)
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"`beta` must be positive and finite; got {beta}.")
+    return value
+
+
+def _check_sigma(sigma) -> float:
+    value = float(sigma)
+    if not (np.isfinite(value) and value >= 0):
+        raise ValueError(f"`sigma` must be >= 0 and finite; got {sigma}.")
     return value
 
 
@@ -159,6 +142,7 @@ class DensitySolution:
         num_steps: accepted + rejected steps.
         beta: the inverse temperature.
         attention: "softmax" or "unnormalized".
+        sigma: the noise (shown in the repr when > 0).
     """
 
     ts: np.ndarray
@@ -167,14 +151,17 @@ class DensitySolution:
     num_steps: int
     beta: float
     attention: str
+    sigma: float = 0.0
 
     def __repr__(self) -> str:
+        noise = {"sigma": self.sigma} if self.sigma > 0 else {}
         return fields_repr(
             self,
             status=self.status,
             num_steps=self.num_steps,
             beta=self.beta,
             attention=self.attention,
+            **noise,
             ts=self.ts,
             rho=self.rho,
         )
@@ -196,7 +183,20 @@ class DensitySolution:
 
 
 @eqx.filter_jit
-def _solve(rho0, t1, ts, cos_hat, sin_hat, rtol, atol, *, softmax, max_steps, progress):
+def _solve(
+    rho0,
+    t1,
+    ts,
+    cos_hat,
+    sin_hat,
+    heat_exponents,
+    rtol,
+    atol,
+    *,
+    softmax,
+    max_steps,
+    progress,
+):
     def field(t, rho, args):
         return rate_of_change(rho, cos_hat, sin_hat, softmax)
 
@@ -212,7 +212,12 @@ def _solve(rho0, t1, ts, cos_hat, sin_hat, rtol, atol, *, softmax, max_steps, pr
     )
     sol = diffeqsolve_in_jit(  # inside this jit: no second jit wrapper
         dfx.ODETerm(field),
-        PositiveSSPRK43(),
+        # No noise: the transport alone, no heat steps (not even e^{0 D}).
+        (
+            PositiveSSPRK43()
+            if heat_exponents is None
+            else SplitHeatSSPRK43(heat_exponents)
+        ),
         jnp.zeros((), rho0.dtype),
         t1,
         None,
@@ -232,6 +237,7 @@ def simulate(
     *,
     beta: float,
     attention: str = "softmax",
+    sigma: float = 0.0,
     saveat: ArrayLike | None = None,
     rtol: float = 1e-8,
     atol: float = 1e-8,
@@ -240,8 +246,9 @@ def simulate(
 ) -> DensitySolution:
     """Evolve a density on the circle under attention with A = beta I, V = I.
 
-    See [The density on the circle][math-density] for the equation and
-    [A conservative, positive scheme][math-density-scheme] for the scheme.
+    See [The density on the circle][math-density] for the equation,
+    [A conservative, positive scheme][math-density-scheme] for the scheme and
+    [With noise][math-density-noise-scheme] for the diffusion.
 
     Args:
         rho0: cell values of the initial density on [0, 2 pi), shape (N,), N >= 4:
@@ -250,6 +257,9 @@ def simulate(
         t1: final time, > 0.
         beta: inverse temperature, > 0.
         attention: "softmax" (normalised by Z) or "unnormalized".
+        sigma: noise of the tokens, >= 0: adds (sigma^2 / 2) d_theta^2 rho,
+            solved exactly and split from the transport (Strang); 0 solves the
+            transport alone, as without this argument.
         saveat: save times (T,) in [0, t1], non-decreasing; None saves 0 and t1.
         rtol: relative tolerance of the adaptive steps.
         atol: absolute tolerance of the adaptive steps (in units of rho).
@@ -262,12 +272,14 @@ def simulate(
 
     Raises:
         ValueError: rho0 not a finite nonnegative (N,) array of mass 1, N < 4,
-            beta or t1 not positive, unknown attention, saveat outside [0, t1],
+            beta or t1 not positive, sigma negative, unknown attention, saveat
+            outside [0, t1],
             max_steps not a positive integer, beta > 709.8 (e^beta beyond
             float64) with attention="unnormalized".
     """
     beta = _check_beta(beta)
     _check_attention(attention)
+    sigma = _check_sigma(sigma)
     check_tolerances(rtol, atol)
     if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 1:
         raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
@@ -301,6 +313,7 @@ def simulate(
             jnp.asarray(ts),
             jnp.asarray(cos_hat),
             jnp.asarray(sin_hat),
+            None if sigma == 0 else jnp.asarray(heat_rates(N, sigma)),
             jnp.asarray(float(rtol)),
             jnp.asarray(float(atol)),
             softmax=attention == "softmax",
@@ -315,6 +328,7 @@ def simulate(
         num_steps=int(steps),
         beta=beta,
         attention=attention,
+        sigma=sigma,
     )
 
 
