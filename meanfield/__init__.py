@@ -44,6 +44,9 @@ _ENGINE = {
     "Gaussian": "._measures",
     "MaskedParticles": "._measures",
     "Particles": "._measures",
+    "AbstractNoise": "._noise",
+    "CommonNoise": "._noise",
+    "IndependentNoise": "._noise",
     "PiecewiseConstant": "._params",
     "particle_mesh": "._sharding",
     "shard": "._sharding",
@@ -106,6 +109,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         MaskedParticles,
         Particles,
     )
+    from ._noise import AbstractNoise, CommonNoise, IndependentNoise
     from ._params import PiecewiseConstant
     from ._sharding import particle_mesh, shard
     from ._status import Status

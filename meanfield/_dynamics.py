@@ -1,7 +1,8 @@
 """Particle dynamics of the Transformer PDE and the discrete residual Transformer.
 
 x_i' = Gamma_mu(x_i) is integrated with diffrax; x <- x + h Gamma_mu(x) is its
-explicit Euler scheme.
+explicit Euler scheme. With a noise, both gain a Brownian term (`_noise`,
+`_noisy_solve`).
 """
 
 import math
@@ -14,7 +15,7 @@ import numpy as np
 import optimistix as optx
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from . import _normalization, _status
+from . import _noisy_solve, _normalization, _status
 from ._attention.base import AbstractAttention
 from ._checks import check_finite_times, check_tolerances, is_traced
 from ._clock import (
@@ -33,10 +34,17 @@ from ._events import (
 )
 from ._linalg import row_norms
 from ._measures import AbstractParticles
+from ._noise import AbstractNoise
 from ._normalization import NORMALIZATIONS as NORMALIZATIONS
 from ._normalization import ON_SPHERE
 from ._repr import fields_repr, status_brief
-from ._simulate_inputs import check_options, check_start, invalid_start
+from ._simulate_inputs import check_common as _check_common
+from ._simulate_inputs import (
+    check_noise,
+    check_options,
+    check_start,
+    mark_invalid_start,
+)
 
 _ADAPTIVE_SOLVERS = {
     "tsit5": dfx.Tsit5,
@@ -152,6 +160,7 @@ def _velocity_field(attn, measure, normalization, alpha, t0, rate):
 
 
 def _solver(solver):
+    solver = "tsit5" if solver is None else solver
     if isinstance(solver, dfx.AbstractSolver):
         return solver, not isinstance(solver, dfx.Euler)
     if solver in _ADAPTIVE_SOLVERS:
@@ -161,25 +170,6 @@ def _solver(solver):
     raise ValueError(
         f"`solver` must be one of {SOLVERS} or a diffrax solver; got {solver!r}."
     )
-
-
-def _check_common(measure, attn, normalization):
-    if not isinstance(measure, AbstractParticles):
-        raise ValueError(
-            "`measure` must be `Particles` or `MaskedParticles`; got "
-            f"{type(measure).__name__} (for a Gaussian use `mf.gaussian.simulate`)."
-        )
-    if not isinstance(attn, AbstractAttention):
-        raise ValueError(
-            f"`attn` must be an attention module; got {type(attn).__name__}."
-        )
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(
-            f"`normalization` must be one of {NORMALIZATIONS}; got {normalization!r}."
-        )
-    if _normalization.needs_directions(normalization) and not is_traced(measure.x):
-        check_start(measure.x, normalization, math.inf)
-    return measure
 
 
 def _on_sphere(measure):
@@ -194,9 +184,9 @@ def simulate(
     *,
     t0: float = 0.0,
     saveat: ArrayLike | None = None,
-    solver: str | dfx.AbstractSolver = "tsit5",
-    rtol: float = 1e-6,
-    atol: float = 1e-6,
+    solver: str | dfx.AbstractSolver | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
     dt0: float | None = None,
     max_steps: int = 100_000,
     normalization: str | None = None,
@@ -204,6 +194,8 @@ def simulate(
     blowup_radius: float = 1e8,
     progress: bool = False,
     adjoint: dfx.AbstractAdjoint | None = None,
+    noise: AbstractNoise | None = None,
+    key: jax.Array | None = None,
 ) -> Solution:
     """Integrate the particle system x_i' = Gamma_mu(t)(x_i) of the Transformer PDE.
 
@@ -214,7 +206,8 @@ def simulate(
     See [Tokens as particles][math-particles] for the particle system,
     [Where the LayerNorm sits][math-normalizations] for the normalizations,
     [Blow-up detection][math-blowup-particles] for when a run is a blow-up, and
-    [The solver clock][math-solver-clock] for the clock the solve runs on.
+    [The solver clock][math-solver-clock] for the clock the solve runs on. With
+    `noise`, the stochastic particle system of [Noise][math-noise].
 
     Args:
         measure: initial `Particles` or `MaskedParticles`, x of shape (n, d).
@@ -226,12 +219,14 @@ def simulate(
             an early stop are +inf in `ts` and `x`.
         solver: "tsit5" (adaptive, default), "dopri5", "dopri8", "bosh3", "heun",
             "midpoint", "ralston", "euler" (fixed step: needs `dt0`), or a diffrax
-            solver instance.
+            solver instance. With `noise`: "heun" (default), "midpoint",
+            "ralston", "spark" (adaptive), "euler" (Euler-Maruyama), "euler_heun",
+            "general_shark" (fixed step), or a diffrax SDE solver.
         rtol: relative tolerance of the adaptive step-size controller: finite,
-            >= 0. A tolerance the dtype cannot resolve ends at the step floor,
-            with status "failed".
+            >= 0 (default 1e-6; 1e-3 with `noise`). A tolerance the dtype cannot
+            resolve ends at the step floor, with status "failed".
         atol: absolute tolerance of the adaptive step-size controller: finite,
-            >= 0, not 0 with rtol.
+            >= 0, not 0 with rtol (default as rtol).
         dt0: initial step; when given, the step is constant (fixed-step solve).
         max_steps: step budget, an integer; running out gives status
             "max_steps", not an error.
@@ -257,6 +252,11 @@ def simulate(
         progress: show a tqdm progress bar.
         adjoint: a diffrax adjoint for differentiation (default: recursive
             checkpointing, reverse mode). Use `diffrax.ForwardMode()` for jax.jvp.
+        noise: None (the ODE), or `mf.IndependentNoise(sigma)` or
+            `mf.CommonNoise(sigma)`: the SDE of [Noise][math-noise], with
+            normalization None or "sphere". Gradients are pathwise (fixed key).
+        key: a JAX PRNG key, `jax.random.key(seed)`, required with `noise`: one
+            key is one Brownian path, whatever the solver, dt0 or tolerances.
 
     Returns:
         A `Solution` (ts, x, blowup_time, status, measure(i)). Under jax.jit or
@@ -271,10 +271,14 @@ def simulate(
             blowup_radius not above the initial radius, rtol/atol negative,
             non-finite or both 0, max_steps not an integer >= 1, adjoint not a
             diffrax adjoint, ngpt_alpha not finite, a zero token with a
-            normalization.
+            normalization; `noise` without `key` or the reverse, a key that is not
+            a PRNG key, `noise` with another normalization or an ODE-only solver.
     """
     measure = _check_common(measure, attn, normalization)
-    solver, adaptive = _solver(solver)
+    check_noise(noise, key, normalization)
+    solver, adaptive = (_solver if noise is None else _noisy_solve.sde_solver)(solver)
+    tol = 1e-6 if noise is None else _noisy_solve.SDE_TOLERANCE
+    rtol, atol = (tol if v is None else v for v in (rtol, atol))
     check_finite_times(t0=t0, t1=t1)
     if not float(t1) > float(t0):
         raise ValueError(f"`t1` must be greater than `t0`; got t0={t0}, t1={t1}.")
@@ -305,6 +309,8 @@ def simulate(
     sol = _solve(
         measure,
         attn,
+        noise,
+        key,
         np.asarray(t0, dtype),
         np.asarray(t1, dtype),
         save_fractions(saveat, float(t0), float(t1)),
@@ -322,15 +328,7 @@ def simulate(
         adjoint=adjoint,
     )
     if traced:  # the checks `check_start` makes on the host, per member
-        bad = invalid_start(measure.x, normalization, blowup_radius)
-        sol = eqx.tree_at(
-            lambda s: (s.result, s.blowup_time),
-            sol,
-            (
-                jnp.where(bad, _status.INVALID_INPUT, sol.result),
-                jnp.where(bad, jnp.inf, sol.blowup_time),
-            ),
-        )
+        sol = mark_invalid_start(sol, measure.x, normalization, blowup_radius)
     return sol
 
 
@@ -338,6 +336,8 @@ def simulate(
 def _solve(
     measure,
     attn,
+    noise,
+    key,
     t0,
     t1,
     fractions,
@@ -359,9 +359,9 @@ def _solve(
 
     Jitted once per (measure/attention structure, shapes, clock length, save
     fractions, fixed step, options): t0, t1, the save times, the tolerances and
-    log(blowup_radius) are traced arrays. diffrax's own checks see constants
-    only (`_clock.checked_on_host`), so the program holds no host callback and
-    JAX's persistent cache can keep it.
+    log(blowup_radius) are traced arrays, and so are the noise and its key.
+    diffrax's own checks see constants only (`_clock.checked_on_host`), so the
+    program holds no host callback and JAX's persistent cache can keep it.
     """
     if normalization in ON_SPHERE:
         measure = _on_sphere(measure)
@@ -389,24 +389,35 @@ def _solve(
             norm=lambda y: optx.rms_norm(y[0]),
             t_start=t0,
             dt_ds=rate,
+            **({} if noise is None else _noisy_solve.SDE_PID),
         )
     else:
         controller = dfx.ConstantStepSize()
+    step0 = None if ds0 is None else jnp.asarray(ds0, dtype)
+    if noise is not None:  # save times are step ends (`_noisy_solve`)
+        args = (controller, fractions, length, ds0, dtype)
+        controller, step0 = _noisy_solve.sde_controller(*args)
     # The event time to 64 ulps of s (relative), or far below any step near 0.
     bisection = SignBisection(rtol=64 * float(jnp.finfo(dtype).eps), atol=1e-30)
     meter = (
         dfx.TqdmProgressMeter(refresh_steps=20) if progress else dfx.NoProgressMeter()
     )
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
+    terms = dfx.ODETerm(_velocity_field(attn, measure, normalization, alpha, t0, rate))
+    if noise is not None:  # drift and diffusion (`_noisy_solve`)
+        if normalization in ON_SPHERE:
+            solver = _noisy_solve.on_sphere(solver)
+        args = (noise, key, x0, normalization, rate, length, ds0, solver)
+        terms = _noisy_solve.sde_terms(terms.vector_field, *args)
     with checked_on_host(fractions):
         sol = diffeqsolve_in_jit(
-            dfx.ODETerm(_velocity_field(attn, measure, normalization, alpha, t0, rate)),
+            terms,
             solver,
             # Concrete times in the state's dtype (diffrax would promote a float32
             # state to a float64 time).
             jnp.asarray(0.0, dtype),
             jnp.asarray(length, dtype),
-            None if ds0 is None else jnp.asarray(ds0, dtype),
+            step0,
             (x0, jnp.zeros(2, dtype)),
             saveat=save,
             stepsize_controller=controller,
@@ -422,7 +433,8 @@ def _solve(
         # Without an event the solve ended after its last accepted step; vmapped
         # beside a member whose event fired, diffrax may report a rejected
         # step's end instead (`_events`).
-        _, s_step, (x_step, flags_step) = sol.controller_state
+        state = sol.controller_state  # a noisy solve's PID is wrapped (`_noisy_solve`)
+        _, s_step, (x_step, flags_step) = state if noise is None else state.inner_state
         s_end = jnp.where(event, s_end, s_step)
         x_end = jnp.where(event, x_end, x_step)
         flags_end = jnp.where(event, flags_end, flags_step)
@@ -471,6 +483,8 @@ def layers(
     normalization: str | None = None,
     ngpt_alpha: float = 0.2,
     blowup_radius: float = 1e8,
+    noise: AbstractNoise | None = None,
+    key: jax.Array | None = None,
 ) -> Solution:
     """Discrete residual Transformer: L layers x <- x + h Gamma_mu(t_l)(x), h = t1 / L.
 
@@ -494,11 +508,16 @@ def layers(
         ngpt_alpha: the step scale alpha of "ngpt".
         blowup_radius: a layer whose output exceeds it (or is non-finite) stops the
             stack: status "blowup" at that layer's time, later rows +inf.
+        noise: None, or a noise for normalization None or "sphere": each block
+            adds sigma g(x) (W(t_{l+1}) - W(t_l)) (Euler-Maruyama; projected and
+            normalised on the sphere), W the path of `simulate` with this key.
+        key: the PRNG key of that path, required with `noise` ([Noise][math-noise]).
 
     Returns:
         A `Solution` with T = L + 1 saved states (ts = l h).
     """
     measure = _check_common(measure, attn, normalization)
+    check_noise(noise, key, normalization)
     check_finite_times(t1=t1)
     if int(L) != L or L < 1:
         raise ValueError(f"`L` must be an integer >= 1; got {L!r}.")
@@ -513,27 +532,39 @@ def layers(
     return _layers(
         measure,
         attn,
+        noise,
+        key,
         np.asarray(t1, dtype),
         np.asarray(blowup_radius, dtype),
         L=L,
+        length=None if noise is None else clock_length(0.0, t1),
         normalization=normalization,
         alpha=float(ngpt_alpha),
     )
 
 
 @eqx.filter_jit
-def _layers(measure, attn, t1, blowup_radius, *, L, normalization, alpha) -> Solution:
+def _layers(
+    measure, attn, noise, key, t1, blowup_radius, *, L, length, normalization, alpha
+) -> Solution:
     """The scan of `layers` (arguments validated there)."""
     if normalization in ON_SPHERE:
         measure = _on_sphere(measure)
     x0 = measure.x
     dtype = x0.dtype
     h = t1 / L
+    dws = None
+    if noise is not None:  # the Brownian increments of the L blocks
+        dws = _noisy_solve.layer_increments(noise, key, x0, t1, L, length)
 
-    def layer(carry, l):
-        x, stopped, t_stop, ok_all = carry
+    def layer(carry, inputs):
+        (x, stopped, t_stop, ok_all), (l, dw) = carry, inputs
         t = l * h
-        x_new, ok = _normalization.layer(attn, measure, x, t, h, normalization, alpha)
+        block = (attn, measure, x, t, h, normalization, alpha)
+        if noise is None:
+            x_new, ok = _normalization.layer(*block)
+        else:
+            x_new, ok = _noisy_solve.noisy_layer(*block, noise, dw)
         bad = ~jnp.all(jnp.isfinite(x_new)) | (
             jnp.max(row_norms(x_new)) >= blowup_radius
         )
@@ -548,7 +579,7 @@ def _layers(measure, attn, t1, blowup_radius, *, L, normalization, alpha) -> Sol
         return (x_next, stopped, t_stop, ok_all), out
 
     init = (x0, jnp.array(False), jnp.asarray(jnp.inf, dtype), jnp.array(True))
-    (_, stopped, t_stop, ok_all), xs = jax.lax.scan(layer, init, jnp.arange(L))
+    (_, stopped, t_stop, ok_all), xs = jax.lax.scan(layer, init, (jnp.arange(L), dws))
     xs = jnp.concatenate([x0[None], xs], axis=0)
     ts = jnp.arange(L + 1, dtype=dtype) * h
     ts = jnp.where(ts > t_stop, jnp.inf, ts)

@@ -14,13 +14,15 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import jax.random as jr
 import numpy as np
 
 from ._attention.base import AbstractAttention
 from ._checks import check_finite_times, is_traced
 from ._dynamics import Solution, simulate
 from ._measures import AbstractParticles
-from ._simulate_inputs import check_start, is_integer
+from ._noise import AbstractNoise
+from ._simulate_inputs import check_noise, check_start, is_integer
 
 
 def _leading(tree) -> set[int]:
@@ -39,11 +41,14 @@ def simulate_ensemble(
     chunk_size: int | None = None,
     progress: bool = False,
     reduce: Callable[[Solution], Any] | None = None,
+    noise: AbstractNoise | None = None,
+    key: jax.Array | None = None,
     **options,
 ) -> Any:
     """Solve B independent particle systems: one `simulate` per system, vmapped.
 
-    See [Tokens as particles][math-particles] for the particle system of each member.
+    See [Tokens as particles][math-particles] for the particle system of each member,
+    and [Noise][math-noise] for noisy members.
 
     Args:
         measures: B initial measures, a leading batch axis on every array leaf,
@@ -66,6 +71,13 @@ def simulate_ensemble(
             without holding every trajectory. It is part of the compilation key:
             pass a module-level function, or `eqx.Partial(f, option=value)`, so
             repeated calls reuse the program.
+        noise: None, or one noise for every system (`mf.IndependentNoise`,
+            `mf.CommonNoise`), or B noise levels: a noise whose sigma has shape
+            (B,), e.g. `jax.vmap(mf.IndependentNoise)(sigmas)`.
+        key: a JAX PRNG key, required with `noise`: member b runs on the
+            Brownian path of `jax.random.split(key, B)[b]`, so the members are
+            independent, and each equals its own `simulate(..., key=that key)`
+            whatever `chunk_size` is.
         **options: any keyword of `mf.simulate` (saveat, solver, rtol, atol, dt0,
             max_steps, normalization, blowup_radius, t0), shared by all systems.
 
@@ -83,7 +95,8 @@ def simulate_ensemble(
             t1 traced (under jax.jit) or not finite; a `reduce` whose outputs
             lack the batch axis; anything `simulate` rejects, for any system
             (a zero token under a normalization, a start at or beyond
-            `blowup_radius`: checked on the host before the solves).
+            `blowup_radius`: checked on the host before the solves); a sigma
+            neither scalar nor of shape (B,).
     """
     if not isinstance(measures, AbstractParticles):
         raise ValueError(
@@ -112,6 +125,9 @@ def simulate_ensemble(
         isinstance(chunk_size, bool) or not is_integer(chunk_size) or chunk_size < 1
     ):
         raise ValueError(f"`chunk_size` must be an integer >= 1; got {chunk_size!r}.")
+    check_noise(noise, key, options.get("normalization"), batch=size)
+    batched_noise = noise is not None and jnp.ndim(noise.sigma) == 1
+    keys = None if noise is None else jr.split(key, size)
     if not is_traced(measures.x):
         # simulate's checks of the tokens, on the host for every system: traced
         # inside the vmap they could only mark a member "invalid_input".
@@ -145,8 +161,10 @@ def simulate_ensemble(
             chunk = _solve_chunk(
                 take(measures),
                 take(attn) if batched_attention else attn,
+                take(noise) if batched_noise else noise,
+                take(keys),
                 t1,
-                batched_attention,
+                (batched_attention, batched_noise),
                 static_options,
                 reduce,
             )
@@ -179,10 +197,18 @@ def _works_shared(attn, measures) -> bool:
 
 
 @eqx.filter_jit
-def _solve_chunk(measures, attn, t1, batched_attention, options, reduce):
-    """One compiled vmap of `simulate` over a chunk of systems, then `reduce`."""
-    solve = lambda m, a: simulate(m, a, t1, **dict(options))  # noqa: E731
-    sol = jax.vmap(solve, in_axes=(0, 0 if batched_attention else None))(measures, attn)
+def _solve_chunk(measures, attn, noise, keys, t1, batched, options, reduce):
+    """One compiled vmap of `simulate` over a chunk of systems, then `reduce`.
+
+    `batched` says whether the attention and the noise carry the batch axis;
+    `keys` (one per system) is None without noise.
+    """
+
+    def solve(m, a, nz, k):
+        return simulate(m, a, t1, noise=nz, key=k, **dict(options))
+
+    axes = (0, *(0 if b else None for b in batched), None if keys is None else 0)
+    sol = jax.vmap(solve, in_axes=axes)(measures, attn, noise, keys)
     if reduce is None:
         return sol
     out = reduce(sol)

@@ -8,17 +8,29 @@ or the systems of an ensemble's (B, n, d) tokens, before anything is vmapped.
 Traced tokens (a caller's jax.jit or jax.vmap) cannot raise for one member
 without stopping all of them: `invalid_start` gives a traced flag, and the solve
 reports status "invalid_input" for that member only.
+
+A noise (`_noise`) needs a PRNG key, and a normalization for which its SDE is
+defined: `check_noise`.
 """
 
 import math
 
 import diffrax as dfx
+import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import host_array
+from . import _status
+from ._attention.base import AbstractAttention
+from ._checks import host_array, is_traced
 from ._linalg import host_row_norms, row_norms
-from ._normalization import ON_SPHERE, needs_directions
+from ._measures import AbstractParticles
+from ._noise import AbstractNoise
+from ._normalization import NORMALIZATIONS, ON_SPHERE, needs_directions
+
+#: Normalizations under which a noise's SDE is defined (docs/math/noise.md).
+NOISY_NORMALIZATIONS = (None, "sphere")
 
 #: Token dtypes of an adaptive solve: in half precision 100 ulps of t are 0.1
 #: (float16) or 0.8 (bfloat16) at t = 1, so the step floor ends every solve.
@@ -27,6 +39,85 @@ SUPPORTED_DTYPES = ("float32", "float64")
 
 def _listed(indices: np.ndarray) -> str:
     return f"{indices[:5].tolist()}" + (" ..." if indices.size > 5 else "")
+
+
+def check_common(measure, attn, normalization):
+    """ValueError for a measure, attention or normalization no particle solve takes.
+
+    Returns the measure. Concrete tokens are checked for zero rows when the
+    normalization needs their directions.
+    """
+    if not isinstance(measure, AbstractParticles):
+        raise ValueError(
+            "`measure` must be `Particles` or `MaskedParticles`; got "
+            f"{type(measure).__name__} (for a Gaussian use `mf.gaussian.simulate`)."
+        )
+    if not isinstance(attn, AbstractAttention):
+        raise ValueError(
+            f"`attn` must be an attention module; got {type(attn).__name__}."
+        )
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(
+            f"`normalization` must be one of {NORMALIZATIONS}; got {normalization!r}."
+        )
+    if needs_directions(normalization) and not is_traced(measure.x):
+        check_start(measure.x, normalization, math.inf)
+    return measure
+
+
+def is_key(key) -> bool:
+    """Whether `key` is a JAX PRNG key: jax.random.key(seed), or a raw uint32 (2,)."""
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    if dtype is None:
+        return False
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        return shape == ()
+    return dtype == np.uint32 and shape == (2,)  # jax.random.PRNGKey(seed)
+
+
+def check_noise(noise, key, normalization, *, batch: int | None = None) -> None:
+    """ValueError for a noise, key or normalization a noisy solve cannot take.
+
+    `batch` is the ensemble size B (`simulate_ensemble`), where sigma may carry
+    a leading batch axis of size B; one solve takes a scalar sigma.
+
+    Raises:
+        ValueError: a key without noise; noise that is not an `AbstractNoise`;
+            noise without a key, or a key that is not a JAX PRNG key; a
+            normalization other than None or "sphere"; sigma of another shape.
+    """
+    if noise is None:
+        if key is not None:
+            raise ValueError(
+                "`key` draws the Brownian path of `noise`; pass `noise` too "
+                "(e.g. mf.IndependentNoise(0.1)), or no key."
+            )
+        return
+    if not isinstance(noise, AbstractNoise):
+        raise ValueError(
+            "`noise` must be mf.IndependentNoise(sigma), mf.CommonNoise(sigma) or "
+            f"None; got {type(noise).__name__}."
+        )
+    if key is None:
+        raise ValueError(
+            "`noise` needs a random key: pass key=jax.random.key(seed) (one key, "
+            "one Brownian path)."
+        )
+    if not is_key(key):
+        raise ValueError(
+            "`key` must be a JAX PRNG key, jax.random.key(seed); got "
+            f"{type(key).__name__} {getattr(key, 'dtype', '')}"
+            f"{getattr(key, 'shape', '')}."
+        )
+    if normalization not in NOISY_NORMALIZATIONS:
+        raise ValueError(
+            f"`noise` is defined with normalization None (in R^d) or 'sphere'; got "
+            f"normalization={normalization!r}."
+        )
+    shape = jnp.shape(noise.sigma)
+    if shape not in ((), (batch,)):
+        want = "a scalar" if batch is None else f"a scalar or shape ({batch},)"
+        raise ValueError(f"`noise.sigma` must be {want}; got shape {shape}.")
 
 
 def check_start(x, normalization, blowup_radius: float, name="measure") -> None:
@@ -79,6 +170,22 @@ def invalid_start(x, normalization, blowup_radius: float):
     if normalization not in ON_SPHERE:
         bad = bad | ~(jnp.max(row_norms(x)) < blowup_radius)
     return bad
+
+
+def mark_invalid_start(sol, x, normalization, blowup_radius: float):
+    """`sol` with status "invalid_input" and no blow-up time where x fails.
+
+    x (n, d) are traced tokens (`invalid_start`); `sol` a particle `Solution`.
+    """
+    bad = invalid_start(x, normalization, blowup_radius)
+    return eqx.tree_at(
+        lambda s: (s.result, s.blowup_time),
+        sol,
+        (
+            jnp.where(bad, _status.INVALID_INPUT, sol.result),
+            jnp.where(bad, jnp.inf, sol.blowup_time),
+        ),
+    )
 
 
 def check_options(dtype, max_steps, adjoint, ngpt_alpha) -> None:

@@ -59,7 +59,7 @@ def test_density_writes_the_solution_and_the_particles(tmp_path, capsys):
         )
         assert data["w1"].shape == (4,) and np.all(data["w1"] < 0.05)
     printed = capsys.readouterr().out
-    assert "density: N = 128, beta = 8 (softmax) to t = 6" in printed
+    assert "density: N = 128, beta = 8 (softmax), sigma = 0 (critical 0.484) to t = 6" in printed
     assert "particles: 64 tokens" in printed
 
 
@@ -69,8 +69,10 @@ def test_density_writes_the_solution_and_the_particles(tmp_path, capsys):
         ("N = 4", "`N` must be an integer >= 8"),
         ("beta = -1.0", "`beta` must be positive"),
         ('attention = "l2"', "`attention` must be one of softmax, unnormalized"),
-        ("noise = 0.0", "`noise` must be positive with init = 'noise'"),
-        ("noise = 1.5", "`noise` must be below 1"),
+        ("perturbation = 0.0", "`perturbation` must be positive with init = 'uniform'"),
+        ("perturbation = 1.5", "`perturbation` must be below 1"),
+        ("noise = 0.5", "`noise`"),
+        ("[noise]\nsigma = -1.0", "`noise.sigma` must be >= 0"),
         ("colour = 1", "unknown key `colour`"),
     ],
 )
@@ -83,7 +85,7 @@ def test_density_rejects_bad_configurations(tmp_path, capsys, text, message):
 
 
 def test_initial_density_has_mass_one_and_is_nonnegative():
-    for init in ("noise", "smooth"):
-        rho = initial_density(resolve_config({"init": init, "noise": 0.5}), 0)
+    for init in ("uniform", "smooth"):
+        rho = initial_density(resolve_config({"init": init, "perturbation": 0.5}), 0)
         assert rho.min() >= 0
         np.testing.assert_allclose(rho.sum() * 2 * np.pi / rho.size, 1, rtol=1e-14)

@@ -17,7 +17,7 @@ from .config import resolve as resolve_schema
 from .report import Output, Report, Result
 
 ATTENTIONS = ("softmax", "unnormalized")
-INITS = ("noise", "smooth")
+INITS = ("uniform", "smooth")
 
 
 def _nonnegative(value, key: str, cfg) -> float:
@@ -54,17 +54,32 @@ SCHEMA: dict = {
     ),
     "init": Key(
         choice(INITS),
-        "noise",
-        doc='Initial density, normalised to mass 1: `"noise"` (uniform, times '
-        '1 + noise · N(0, 1) in each cell) or `"smooth"` '
-        "(e^(2 cos θ + 0.5 cos(3θ − 1)), times the same noise).",
+        "uniform",
+        doc='Initial density, normalised to mass 1: `"uniform"` (1, times '
+        "1 + perturbation · N(0, 1) in each cell) or `\"smooth\"` "
+        "(e^(2 cos θ + 0.5 cos(3θ − 1)), times the same factor).",
     ),
-    "noise": Key(
+    "perturbation": Key(
         _nonnegative,
         1e-3,
-        doc='Amplitude of the initial noise, in [0, 1); positive with `init = "noise"` '
-        "(the uniform density is a steady state).",
+        doc="Amplitude of the initial perturbation, in [0, 1); positive with "
+        '`init = "uniform"` unless `[noise] sigma` > 0 (the uniform density is '
+        "a steady state).",
     ),
+    "noise": {
+        "sigma": Key(
+            _nonnegative,
+            0.0,
+            doc="Noise level σ ≥ 0: tokens with independent Brownian motions "
+            "dθ = v dt + σ dW, and the diffusion (σ²/2) ∂²ρ in the density.",
+        ),
+        "seed": Key(
+            integer(0),
+            0,
+            doc="Seed of the particles' Brownian paths (with `particles` > 0 and "
+            "σ > 0), ≥ 0.",
+        ),
+    },
     "particles": Key(
         integer(0),
         2000,
@@ -89,23 +104,27 @@ def resolve_config(config: dict | None) -> dict:
     """Validate a configuration and fill in the defaults (`SCHEMA`).
 
     Keys (all optional): `N` (cells, >= 8), `beta` (> 0), `attention`
-    ("softmax" | "unnormalized"), `t1` (> 0), `saves` (>= 2), `init` ("noise":
-    uniform times 1 + noise N(0, 1) per cell; "smooth": e^{2 cos theta + 0.5
-    cos(3 theta - 1)} plus the same noise), `noise` (>= 0), `particles` (tokens
-    for the comparison, 0 for none), `rtol`, `atol` (> 0).
+    ("softmax" | "unnormalized"), `t1` (> 0), `saves` (>= 2), `init`
+    ("uniform": 1 times 1 + perturbation N(0, 1) per cell; "smooth": e^{2 cos
+    theta + 0.5 cos(3 theta - 1)} times the same factor), `perturbation` (>= 0),
+    `[noise]` (`sigma` >= 0, `seed` of the particles' paths), `particles`
+    (tokens for the comparison, 0 for none), `rtol`, `atol` (> 0).
 
     Raises:
         ValueError: unknown key, wrong type or bad value; the message (one line)
             names the key.
     """
     cfg = resolve_schema(SCHEMA, config)
-    if cfg["init"] == "noise" and cfg["noise"] == 0:
+    if cfg["init"] == "uniform" and cfg["perturbation"] == 0:
+        if cfg["noise"]["sigma"] == 0:
+            raise ValueError(
+                "`perturbation` must be positive with init = 'uniform' and no "
+                "noise (the uniform density is a steady state)."
+            )
+    if not cfg["perturbation"] < 1:
         raise ValueError(
-            "`noise` must be positive with init = 'noise' (the uniform density "
-            "is a steady state)."
+            f"`perturbation` must be below 1 (rho >= 0); got {cfg['perturbation']}."
         )
-    if not cfg["noise"] < 1:
-        raise ValueError(f"`noise` must be below 1 (rho >= 0); got {cfg['noise']}.")
     return cfg
 
 
@@ -114,11 +133,11 @@ def initial_density(cfg: dict, seed: int) -> np.ndarray:
     theta = density.cell_centres(cfg["N"])
     base = (
         np.ones_like(theta)
-        if cfg["init"] == "noise"
+        if cfg["init"] == "uniform"
         else np.exp(2 * np.cos(theta) + 0.5 * np.cos(3 * theta - 1))
     )
     noise = np.random.default_rng(seed).standard_normal(theta.size)
-    rho = base * np.clip(1 + cfg["noise"] * noise, 0, None)
+    rho = base * np.clip(1 + cfg["perturbation"] * noise, 0, None)
     return rho / (rho.sum() * 2 * np.pi / rho.size)
 
 
@@ -154,15 +173,17 @@ def run_density(
 def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
     rho0 = initial_density(cfg, 0 if seed is None else seed)
     ts = np.linspace(0.0, cfg["t1"], cfg["saves"])
+    sigma = cfg["noise"]["sigma"]
     output.log(
         f"density: N = {cfg['N']} cells, beta = {cfg['beta']:g} "
-        f"({cfg['attention']}), t1 = {cfg['t1']:g}"
+        f"({cfg['attention']}), sigma = {sigma:g}, t1 = {cfg['t1']:g}"
     )
     sol = density.simulate(
         rho0,
         cfg["t1"],
         beta=cfg["beta"],
         attention=cfg["attention"],
+        sigma=sigma,
         saveat=ts,
         rtol=cfg["rtol"],
         atol=cfg["atol"],
@@ -174,6 +195,8 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         "N": cfg["N"],
         "beta": cfg["beta"],
         "attention": cfg["attention"],
+        "sigma": sigma,
+        "critical_noise": float(density.critical_noise(cfg["beta"], cfg["attention"])),
         "t1": cfg["t1"],
         "status": sol.status,
         "num_steps": sol.num_steps,
@@ -181,7 +204,7 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         "mass_error": float(np.nanmax(np.abs(sol.mass - 1))),
         "lowest": sol.lowest,
         "clusters_at_t1": density.count_clusters(sol.rho[-1]),
-        "fastest_mode": density.fastest_mode(cfg["beta"], cfg["attention"]),
+        "fastest_mode": density.fastest_mode(cfg["beta"], cfg["attention"], sigma),
     }
     particles = None
     if cfg["particles"]:
@@ -217,7 +240,9 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         "out_dir": str(output.dir),
         "dtype": "float64",
         "attention_matrices": "V = I, A = beta I on S^1",
-        "scheme": "finite volumes, MUSCL-minmod upwind flux, FFT convolutions, Tsit5",
+        "scheme": "finite volumes, MUSCL-minmod upwind flux, FFT convolutions, "
+        "SSPRK(4,3); with sigma > 0 the exact heat semigroup of the 3-point "
+        "Laplacian in Strang splitting",
     }
     return Result(summary, resolved, arrays, {"solution": sol, "particles": particles})
 
@@ -237,7 +262,8 @@ def format_summary(summary: dict) -> str:
     """The lines printed after a run."""
     lines = [
         f"density: N = {summary['N']}, beta = {summary['beta']:g} "
-        f"({summary['attention']}) to t = {summary['t1']:g} in "
+        f"({summary['attention']}), sigma = {summary['sigma']:g} (critical "
+        f"{summary['critical_noise']:.3g}) to t = {summary['t1']:g} in "
         f"{summary['density_wall_s']:.1f} s, {summary['num_steps']} steps, "
         f"status {summary['status']}",
         f"mass error {summary['mass_error']:.1e}, lowest cell {summary['lowest']:.1e}; "

@@ -6,10 +6,13 @@ over time, the time at which all tokens form one cluster, and the convex polytop
 whose boundary the rescaled tokens converge to when V = I (Geshkovski, Letrouit,
 Polyanskiy & Rigollet, "The Emergence of Clusters in Self-Attention Dynamics",
 NeurIPS 2023), and the statistics of ensembles over save times (order parameter,
-aligned pairs and groups; JAX, usable as an ensemble's `reduce`). Post-processing on the host in NumPy/SciPy on concrete float64
+aligned pairs and groups; JAX, usable as an ensemble's `reduce`), and the
+probability that two tokens under common noise end antipodal (Fedorov, Sander,
+Elie, Marion & Lauriere, 2026). Post-processing on the host in NumPy/SciPy on concrete float64
 arrays (`rescale` excepted), in O(n d + 16 n) memory: never an (n, n) matrix.
 """
 
+from ._antipodal import antipodal_probability, antipodal_threshold, pair_coefficients
 from ._detect import Clusters, clusters, detect
 from ._energy import energy
 from ._merging import MergingSolution, merge, simulate_merging
@@ -35,6 +38,8 @@ __all__ = [
     "Polytope",
     "Statistics",
     "aligned_groups",
+    "antipodal_probability",
+    "antipodal_threshold",
     "cluster_counts",
     "clusters",
     "consensus_time",
@@ -47,6 +52,7 @@ __all__ = [
     "merge",
     "order_parameter",
     "pair_alignment",
+    "pair_coefficients",
     "phase_diagram",
     "polytope",
     "rescale",
