@@ -172,10 +172,10 @@ def main():
     wall = time.perf_counter() - start
     print(summary, f"wall {wall:.1f} s", flush=True)
     write_manifest(
-        out / "noise_phase.json",
+        out / "noise_phase_cpu.json",
         dict(manifest=manifest(vars(args), None, wall), summary=summary, rows=rows),
     )
-    plot(rows, change, out / "noise_phase.png")
+    plot(rows, change, out / "noise_phase_cpu.png")
 
 
 if __name__ == "__main__":
