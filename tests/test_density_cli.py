@@ -59,8 +59,43 @@ def test_density_writes_the_solution_and_the_particles(tmp_path, capsys):
         )
         assert data["w1"].shape == (4,) and np.all(data["w1"] < 0.05)
     printed = capsys.readouterr().out
-    assert "density: N = 128, beta = 8 (softmax), sigma = 0 (critical 0.484) to t = 6" in printed
+    assert (
+        "density: N = 128, beta = 8 (softmax), sigma = 0 (critical 0.484) to t = 6"
+        in printed
+    )
     assert "particles: 64 tokens" in printed
+
+
+# Second tier: the SDE solve's compilation beside the density's (about 4 s).
+@pytest.mark.slow
+def test_noisy_density_runs_beside_noisy_particles(tmp_path, capsys):
+    """[noise]: the particles have the Brownian paths of the seed, W1 reported."""
+    text = SMALL.replace("t1 = 6.0", "t1 = 0.5").replace("saves = 4", "saves = 3")
+    text += "[noise]\nsigma = 0.5\nseed = 3\n"
+    out = tmp_path / "out"
+    argv = ["density", "--config", _toml(tmp_path, text), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    summary = manifest["summary"]
+    assert summary["sigma"] == 0.5 and summary["particles_noise_seed"] == 3
+    assert manifest["config"]["noise"] == {"sigma": 0.5, "seed": 3}
+    assert "jax.random.key(3)" in manifest["config"]["particle_solver"]
+    cfg = resolve_config({"N": 128, "init": "smooth"})
+    ts = np.linspace(0, 0.5, 3)
+    want = density.simulate_particles(
+        density.sample_quantiles(initial_density(cfg, 0), 64),
+        0.5,
+        beta=8.0,
+        sigma=0.5,
+        key=jax.random.key(3),
+        saveat=ts,
+    )
+    with np.load(out / "density.npz") as data:
+        np.testing.assert_array_equal(data["angles"], density.angles(want.x))
+        assert np.all(np.isfinite(data["w1"])) and data["w1"][-1] > 0
+        np.testing.assert_allclose(summary["w1_max"], data["w1"].max())
+    printed = capsys.readouterr().out
+    assert "Brownian paths of seed 3); largest W1 to the density" in printed
 
 
 @pytest.mark.parametrize(

@@ -85,6 +85,9 @@ def test_phase_options_reach_the_model(tmp_path, capsys):
         ("eps = 2.5", "`eps` must be in (0, 2)"),
         ("colour = 1", "unknown key `colour`"),
         ("systems = 1_000_000_000", "`systems` must be an integer in [1, 1000000]"),
+        ('normalization = "ngpt"\n[noise]\nkind = "independent"', "`noise.kind`"),
+        ("[noise]\nsigma = 0.2", "`noise.sigma` = 0.2 needs `noise.kind`"),
+        ('[noise]\nkind = "common"\nsigma = -1.0', "`noise.sigma` must be >= 0"),
         # 90 betas x 10^6 systems of 4096 tokens: about 14 TiB, on no machine.
         ("systems = 1_000_000\nn = 4096", "`systems` = 1000000 needs at least"),
     ],
@@ -101,6 +104,41 @@ def test_phase_defaults_are_the_published_grid():
     cfg = resolve_config(None)
     assert cfg["betas"] == [0.1, 9.0, 90] and cfg["systems"] == 2048
     assert (cfg["n"], cfg["d"], cfg["t1"], cfg["saves"]) == (32, 2, 30.0, 31)
+    assert (cfg["rtol"], cfg["atol"]) == (1e-5, 1e-5)
+    noisy = resolve_config({"noise": {"kind": "common", "sigma": 0.2}})
+    assert (noisy["rtol"], noisy["atol"]) == (1e-3, 1e-3)  # mf.simulate's with noise
+
+
+# Second tier: the noisy ensemble's compilation (about 5 s).
+@pytest.mark.slow
+def test_noisy_phase_is_phase_diagram_on_the_seed_s_paths(tmp_path, capsys):
+    text = SMALL + '[noise]\nkind = "independent"\nsigma = 0.3\nseed = 7\n'
+    out = tmp_path / "out"
+    argv = ["phase", "--config", _toml(tmp_path, text), "--out", str(out)]
+    assert main([*argv, "--seed", "3", "--no-progress"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["summary"]["noise"] == {
+        "kind": "independent",
+        "sigma": 0.3,
+        "seed": 7,
+    }
+    assert manifest["config"]["rtol"] == 1e-3
+    with jax.enable_x64(True):
+        want = mf.clustering.phase_diagram(
+            [1.0, 2.5, 4.0],
+            n=6,
+            systems=5,
+            t1=8.0,
+            saveat=np.linspace(0, 8, 5),
+            key=jax.random.key(3),
+            noise=mf.IndependentNoise(0.3),
+            noise_key=jax.random.key(7),
+        )
+    with np.load(out / "phase.npz") as data:
+        assert "theory" not in data.files  # the equiangular curve has no noise
+        np.testing.assert_array_equal(data["density"], want.density)
+        np.testing.assert_array_equal(data["one_cluster"], want.one_cluster)
+    assert "Brownian paths of seed 7" in capsys.readouterr().out
 
 
 def test_phase_memory_check_names_the_key_to_lower():

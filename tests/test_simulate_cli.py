@@ -9,11 +9,15 @@ import sys
 import time
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import meanfield as mf
 from meanfield._app import simulate_segments as _segments
 from meanfield._app.cli import main
+from meanfield._app.simulate_config import resolve_config
 
 # Tiny runs: n = 12 tokens, 9 save times in 4 segments.
 SPHERE = 'n = 12\nd = 3\nt1 = 4.0\nsaves = 9\nsegments = 4\nanimation = "gif"\n'
@@ -21,6 +25,12 @@ RD = (
     'n = 12\nd = 2\nt1 = 3.0\nsaves = 9\nsegments = 4\nnormalization = "none"\n'
     'animation = "none"\ndtype = "float64"\n[attention]\nV = 1.0\nA = [[1.0, 0.2], '
     "[0.2, 0.5]]\n"
+)
+
+# Independent noise on S^2, adaptive Heun (the default with noise), 2 segments.
+NOISY = (
+    'n = 8\nd = 3\nt1 = 1.0\nsaves = 5\nsegments = 2\nanimation = "none"\n'
+    'dtype = "float64"\n[noise]\nkind = "independent"\nsigma = 0.5\nseed = 4\n'
 )
 
 
@@ -157,6 +167,13 @@ def test_blowup_is_reported_and_plotted(tmp_path, capsys):
         ("[attention]\nQ = 1.0\n", "`attention.Q`"),
         ("[attention]\ntemperature = 2\n", "`attention.temperature`"),
         ('masked = true\n[attention]\nkind = "sinkhorn"\n', "`attention.kind`"),
+        ('normalization = "pre-ln"\n[noise]\nkind = "common"\n', "`noise.kind`"),
+        ("[noise]\nsigma = 0.5\n", "`noise.sigma`"),
+        ('[noise]\nkind = "independent"\nsigma = -0.5\n', "`noise.sigma`"),
+        ('[noise]\nkind = "brownian"\n', "`noise.kind`"),
+        ('[noise]\nkind = "common"\nseed = -1\n', "`noise.seed`"),
+        ('solver = "tsit5"\n[noise]\nkind = "common"\n', "`solver`"),
+        ('solver = "euler_heun"\n[noise]\nkind = "common"\n', "`solver`"),
     ],
 )
 def test_bad_config_exits_2_with_one_line_naming_the_key(tmp_path, capsys, text, key):
@@ -354,3 +371,73 @@ def test_normalisation_schemes_run_and_cluster_what_the_scheme_moves(
     else:
         assert "of θ = x/|x|" in printed
         assert not np.allclose(radii[-1], radii[0])  # the stream is free
+
+
+def test_solver_and_tolerances_default_to_the_library_s_with_and_without_noise():
+    ode = resolve_config(None)
+    assert (ode["solver"], ode["rtol"], ode["atol"]) == ("tsit5", 1e-6, 1e-6)
+    assert ode["noise"] == {"kind": "none", "sigma": 0.0, "seed": 0}
+    sde = resolve_config({"noise": {"kind": "common", "sigma": 0.3}})
+    assert (sde["solver"], sde["rtol"], sde["atol"]) == ("heun", 1e-3, 1e-3)
+    given = {"solver": "spark", "rtol": 1e-4, "noise": {"kind": "independent"}}
+    assert resolve_config(given)["rtol"] == 1e-4
+    with pytest.raises(ValueError, match='`solver` = "euler_heun" needs a fixed'):
+        resolve_config({"solver": "euler_heun", "noise": {"kind": "common"}})
+    fixed = {"solver": "euler_heun", "dt0": 0.1, "normalization": "none"}
+    assert resolve_config({**fixed, "noise": {"kind": "common"}})["dt0"] == 0.1
+
+
+def _noisy_segments(seed, noise_seed):
+    """The documented solves of NOISY: segment k on fold_in(key(seed), k)."""
+    x = _segments.initial_measure(resolve_config({"n": 8}), seed, np.float64).x
+    x = x / np.linalg.norm(x, axis=-1, keepdims=True)
+    ts, want = np.linspace(0, 1, 5), [np.asarray(x)]
+    attn = mf.SoftmaxAttention(jnp.eye(3), A=jnp.eye(3))
+    for k, (lo, hi) in enumerate([(0, 2), (2, 4)]):
+        sol = mf.simulate(
+            mf.Particles(jnp.asarray(want[-1])),
+            attn,
+            float(ts[hi]),
+            t0=float(ts[lo]),
+            saveat=ts[lo + 1 : hi + 1],
+            normalization="sphere",
+            noise=mf.IndependentNoise(0.5),
+            key=jax.random.fold_in(jax.random.key(noise_seed), k),
+        )
+        want += list(np.asarray(sol.x))
+    return np.array(want)
+
+
+def test_noisy_run_is_its_segments_on_the_documented_keys(tmp_path, capsys):
+    code, out = _run(tmp_path, "noisy", NOISY, "--seed", "2")
+    assert code == 0
+    assert "independent noise, sigma = 0.5, solver heun" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    noise = {"kind": "independent", "sigma": 0.5, "seed": 4}
+    assert manifest["config"]["noise"] == noise
+    assert manifest["config"]["solver"] == "heun" and manifest["config"]["rtol"] == 1e-3
+    want = _noisy_segments(2, 4)
+    with np.load(out / "trajectory.npz") as data:
+        np.testing.assert_array_equal(data["x"], want)
+        np.testing.assert_allclose(np.linalg.norm(data["x"], axis=-1), 1, atol=1e-12)
+    # Another [noise] seed is another path from the same tokens.
+    other = _noisy_segments(2, 5)
+    np.testing.assert_array_equal(other[0], want[0])
+    assert np.abs(other[-1] - want[-1]).max() > 1e-2
+
+
+def test_noisy_run_resumed_continues_the_same_path(tmp_path, monkeypatch, capsys):
+    solve = _segments.simulate
+
+    def interrupted(*args, **kwargs):
+        if kwargs["t0"] > 0:  # the second segment
+            raise KeyboardInterrupt
+        return solve(*args, **kwargs)
+
+    monkeypatch.setattr(_segments, "simulate", interrupted)
+    assert _run(tmp_path, "part", NOISY)[0] == 130
+    monkeypatch.setattr(_segments, "simulate", solve)
+    code, out = _run(tmp_path, "part", NOISY, "--resume")
+    assert code == 0 and "resumed from segment 1" in capsys.readouterr().out
+    with np.load(out / "trajectory.npz") as data:
+        np.testing.assert_array_equal(data["x"], _noisy_segments(0, 4))

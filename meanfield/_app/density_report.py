@@ -9,9 +9,11 @@ Polyanskiy & Rigollet, 2023; Bruno, Pasqualotto & Agazzi, 2025).
 Run it with `meanfield density [--config FILE.toml]`.
 """
 
+import jax
 import numpy as np
 
 from .. import density, plotting
+from .._noisy_solve import SDE_TOLERANCE
 from .config import Key, choice, integer, number
 from .config import resolve as resolve_schema
 from .report import Output, Report, Result
@@ -56,7 +58,7 @@ SCHEMA: dict = {
         choice(INITS),
         "uniform",
         doc='Initial density, normalised to mass 1: `"uniform"` (1, times '
-        "1 + perturbation · N(0, 1) in each cell) or `\"smooth\"` "
+        '1 + perturbation · N(0, 1) in each cell) or `"smooth"` '
         "(e^(2 cos θ + 0.5 cos(3θ − 1)), times the same factor).",
     ),
     "perturbation": Key(
@@ -90,12 +92,14 @@ SCHEMA: dict = {
     "rtol": Key(
         number(positive=True),
         1e-8,
-        doc="Relative tolerance of the adaptive solver (density and particles), > 0.",
+        doc="Relative tolerance of the adaptive solvers (density, and particles "
+        "without noise; noisy particles use the SDE default 1e-3), > 0.",
     ),
     "atol": Key(
         number(positive=True),
         1e-8,
-        doc="Absolute tolerance of the adaptive solver (density and particles), > 0.",
+        doc="Absolute tolerance of the adaptive solvers (density, and particles "
+        "without noise; noisy particles use the SDE default 1e-3), > 0.",
     ),
 }
 
@@ -207,16 +211,22 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         "fastest_mode": density.fastest_mode(cfg["beta"], cfg["attention"], sigma),
     }
     particles = None
+    noisy = sigma > 0
     if cfg["particles"]:
         output.log(f"particles: {cfg['particles']} tokens at the quantiles of rho0")
+        # With noise the particles are an SDE solve: its own default tolerances
+        # (1e-3; the ODE's 1e-8 would take ~1e8 steps per unit time), on the
+        # Brownian paths of the [noise] seed.
         particles = density.simulate_particles(
             density.sample_quantiles(rho0, cfg["particles"]),
             cfg["t1"],
             beta=cfg["beta"],
             attention=cfg["attention"],
+            sigma=sigma,
+            key=jax.random.key(cfg["noise"]["seed"]) if noisy else None,
             saveat=ts,
-            rtol=cfg["rtol"],
-            atol=cfg["atol"],
+            rtol=None if noisy else cfg["rtol"],
+            atol=None if noisy else cfg["atol"],
             progress=output.progress,
         )
         angles = density.angles(particles.x)
@@ -232,6 +242,7 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
             particles=cfg["particles"],
             particle_status=str(particles.status),
             particles_wall_s=output.wall_s - density_s,
+            particles_noise_seed=cfg["noise"]["seed"] if noisy else None,
             w1_max=float(np.nanmax(w1)),
         )
     summary["wall_s"] = output.wall_s
@@ -244,6 +255,14 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         "SSPRK(4,3); with sigma > 0 the exact heat semigroup of the 3-point "
         "Laplacian in Strang splitting",
     }
+    if cfg["particles"]:
+        resolved["particle_solver"] = (
+            f"SDE on S^1 (independent Brownian motions, sigma = {sigma:g}): Heun, "
+            f"adaptive, rtol = atol = {SDE_TOLERANCE:g}, paths of "
+            f"jax.random.key({cfg['noise']['seed']})"
+            if noisy
+            else f"ODE: Tsit5, rtol = {cfg['rtol']:g}, atol = {cfg['atol']:g}"
+        )
     return Result(summary, resolved, arrays, {"solution": sol, "particles": particles})
 
 
@@ -271,10 +290,12 @@ def format_summary(summary: dict) -> str:
         f"{summary['fastest_mode']})",
     ]
     if "particles" in summary:
+        seed = summary.get("particles_noise_seed")
+        paths = "" if seed is None else f", Brownian paths of seed {seed}"
         lines.append(
             f"particles: {summary['particles']} tokens in "
-            f"{summary['particles_wall_s']:.1f} s ({summary['particle_status']}); "
-            f"largest W1 to the density {summary['w1_max']:.2e}"
+            f"{summary['particles_wall_s']:.1f} s ({summary['particle_status']}"
+            f"{paths}); largest W1 to the density {summary['w1_max']:.2e}"
         )
     return "\n".join(lines)
 

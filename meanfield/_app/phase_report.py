@@ -6,7 +6,8 @@ uniform on the sphere move under attention with V = I and A = beta I; the
 diagram is the fraction of token pairs that have merged, over (beta, t)
 (`mf.clustering.phase_diagram`). The configuration chooses the grid, the
 attention (softmax or unnormalised), where the LayerNorm sits, a causal mask and
-the number of heads (Karagodin, Polyanskiy & Rigollet, 2024).
+the number of heads (Karagodin, Polyanskiy & Rigollet, 2024), and a Brownian
+forcing of the tokens (`[noise]`).
 
 Run it with `meanfield phase [--config FILE.toml]`.
 """
@@ -18,15 +19,34 @@ import jax.random as jr
 import numpy as np
 
 from .. import clustering, plotting
-from .config import Key, boolean, choice, grid_range, integer, number, resolve
+from .._noisy_solve import SDE_TOLERANCE
+from .config import (
+    Key,
+    boolean,
+    choice,
+    grid_range,
+    integer,
+    number,
+    or_else,
+    resolve,
+)
 from .report import Output, Report, Result
-from .simulate_config import NORMALIZATIONS, normalization_of
+from .simulate_config import (
+    NORMALIZATIONS,
+    build_noise,
+    is_noisy,
+    noise_kind,
+    noise_sigma,
+    normalization_of,
+)
 
 ATTENTIONS = ("softmax", "unnormalized")
 #: The most systems per beta: a mean over 10^6 systems has a standard error below
 #: 5e-4, far under any visible difference; the memory check bounds the rest.
 MAX_SYSTEMS = 10**6
 GIB = 2**30
+#: Default tolerance of the adaptive solver without noise (`phase_diagram`'s).
+ODE_TOLERANCE = 1e-5
 
 
 def _alignment_eps(value, key: str, cfg) -> float:
@@ -34,6 +54,10 @@ def _alignment_eps(value, key: str, cfg) -> float:
     if not eps < 2:
         raise ValueError(f"`{key}` must be in (0, 2); got {value}.")
     return eps
+
+
+def _tolerance(cfg) -> float:
+    return SDE_TOLERANCE if is_noisy(cfg) else ODE_TOLERANCE
 
 
 def _heads(value, key: str, cfg) -> int:
@@ -100,15 +124,39 @@ SCHEMA: dict = {
         doc="Two tokens count as merged when their directions have "
         "⟨θ_i, θ_j⟩ > 1 − eps; in (0, 2).",
     ),
+    "noise": {
+        "kind": Key(
+            noise_kind,
+            "none",
+            doc='Brownian forcing of the tokens: `"none"`, `"independent"` (each '
+            'token its own Brownian motion) or `"common"` (one matrix Brownian '
+            "motion for all tokens of a system), as for `meanfield simulate`; only "
+            'with `normalization` = `"none"` or `"sphere"`.',
+        ),
+        "sigma": Key(
+            noise_sigma,
+            0.0,
+            doc='Noise level σ ≥ 0; positive only with `kind` = `"independent"` '
+            'or `"common"`.',
+        ),
+        "seed": Key(
+            integer(0),
+            0,
+            doc="Seed of the Brownian paths, ≥ 0 (`--seed` draws the initial "
+            "tokens, the same with or without noise): system s of the k-th β "
+            "(from 0) runs on the path of jax.random.split(jax.random.key(seed), "
+            "count · systems)[k · systems + s].",
+        ),
+    },
     "rtol": Key(
-        number(positive=True),
-        1e-5,
-        doc="Relative tolerance of the adaptive solver, > 0.",
+        or_else(_tolerance, number(positive=True)),
+        doc="Relative tolerance of the adaptive solver, > 0. Omitted: 1e-5, or "
+        "1e-3 with noise (Heun's method, `mf.simulate`'s default).",
     ),
     "atol": Key(
-        number(positive=True),
-        1e-5,
-        doc="Absolute tolerance of the adaptive solver, > 0.",
+        or_else(_tolerance, number(positive=True)),
+        doc="Absolute tolerance of the adaptive solver, > 0. Omitted: 1e-5, or "
+        "1e-3 with noise (Heun's method, `mf.simulate`'s default).",
     ),
     "chunk_size": Key(
         integer(1),
@@ -132,8 +180,11 @@ def resolve_config(config: dict | None) -> dict:
     (save times on [0, t1], >= 2), `attention` ("softmax" | "unnormalized"),
     `normalization` ("sphere" | "none" | "pre-ln" | "peri-ln" | "ngpt"),
     `masked` (causal), `heads` (dividing d), `eps` (alignment tolerance in
-    (0, 2)), `rtol`, `atol` (> 0), `chunk_size` (systems per compiled call) and
-    `log_time` (the figure's time axis).
+    (0, 2)), a `[noise]` table (`kind` "none" | "independent" | "common",
+    `sigma` >= 0, `seed` of the Brownian paths; noise only with normalization
+    "none" or "sphere"), `rtol`, `atol` (> 0; 1e-5, or 1e-3 with noise),
+    `chunk_size` (systems per compiled call) and `log_time` (the figure's time
+    axis).
 
     Raises:
         ValueError: unknown key, wrong type or bad value, or a diagram that cannot
@@ -231,9 +282,13 @@ def run_phase(
 
 
 def has_theory(cfg: dict) -> bool:
-    """Whether the equiangular curve describes the model (softmax, sphere, 1 head)."""
+    """Whether the equiangular curve describes the model.
+
+    It does for softmax attention on the sphere, one head, no mask, no noise.
+    """
     return (
-        cfg["attention"] == "softmax"
+        not is_noisy(cfg)
+        and cfg["attention"] == "softmax"
         and cfg["normalization"] == "sphere"
         and not cfg["masked"]
         and cfg["heads"] == 1
@@ -247,6 +302,12 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         f"phase diagram: {count} betas x {cfg['systems']} systems of "
         f"{cfg['n']} tokens in d = {cfg['d']}"
     )
+    noisy = is_noisy(cfg)
+    if noisy:
+        output.log(
+            f"{cfg['noise']['kind']} noise, sigma = {cfg['noise']['sigma']:g}, "
+            f"Brownian seed {cfg['noise']['seed']}"
+        )
     with jax.enable_x64(True):
         diagram = clustering.phase_diagram(
             betas,
@@ -265,6 +326,8 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
             atol=cfg["atol"],
             chunk_size=cfg["chunk_size"],
             progress=output.progress,
+            noise=build_noise(cfg),
+            noise_key=jr.key(cfg["noise"]["seed"]) if noisy else None,
         )
     arrays = dict(
         betas=diagram.betas,
@@ -290,6 +353,8 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         ],
         "wall_s": output.wall_s,
     }
+    if noisy:
+        summary["noise"] = dict(cfg["noise"])
     resolved = {
         **cfg,
         "out_dir": str(output.dir),
@@ -297,6 +362,11 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         "attention_matrices": "V = I, A = beta I (heads: blocks of d / heads)",
         "initial_tokens": "uniform on S^{d-1}, one key for the grid",
     }
+    if noisy:
+        resolved["brownian_paths"] = (
+            "system s of the k-th beta: jax.random.split(jax.random.key(seed), "
+            "count * systems)[k * systems + s]; Heun's method, adaptive"
+        )
     return Result(summary, resolved, arrays, {"diagram": diagram})
 
 
@@ -307,6 +377,8 @@ def _figures(cfg: dict, result: Result, output: Output) -> None:
     )
     model += ", causal" if cfg["masked"] else ""
     model += f", {cfg['heads']} heads" if cfg["heads"] > 1 else ""
+    if is_noisy(cfg):
+        model += f", {cfg['noise']['kind']} noise σ = {cfg['noise']['sigma']:g}"
     output.figure(
         plotting.plot_phase_diagram(
             result.data["diagram"],
@@ -334,6 +406,12 @@ def format_summary(summary: dict) -> str:
         f"aligned pairs at t1: {d_lo:.3f} (beta = {lo:g}) ... {d_hi:.3f} "
         f"(beta = {hi:g}); one cluster: {o_lo:.3f} ... {o_hi:.3f}",
     ]
+    if "noise" in summary:
+        noise = summary["noise"]
+        lines.append(
+            f"{noise['kind']} noise, sigma = {noise['sigma']:g}: Brownian paths of "
+            f"seed {noise['seed']}"
+        )
     if summary["completed_min"] < 1:
         share = 1 - summary["completed_min"]
         lines.append(

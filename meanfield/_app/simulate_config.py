@@ -9,10 +9,16 @@ where it requires them), `sinkhorn_kernel` -> `kernel`, `sinkhorn_max_iter` ->
 (causal) tokens is asked of the family itself: its velocity is traced once, shapes
 only, on two masked tokens. So a newly registered family works in a configuration
 without changes here.
+
+The `[noise]` table adds a Brownian forcing of the tokens (`mf.IndependentNoise`
+or `mf.CommonNoise`, defined with normalization "none" or "sphere"); `solver`,
+`rtol` and `atol` then default to those of a noisy `mf.simulate` (Heun, 1e-3)
+instead of the ODE's (Tsit5, 1e-6).
 """
 
 import inspect
 
+import diffrax as dfx
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +27,8 @@ from .._attention import FAMILIES
 from .._attention.base import BLOCKING
 from .._dynamics import SOLVERS
 from .._measures import MaskedParticles
+from .._noise import CommonNoise, IndependentNoise
+from .._noisy_solve import SDE_SOLVERS, SDE_TOLERANCE
 from . import config as _config
 from .config import (
     Key,
@@ -32,6 +40,7 @@ from .config import (
     number,
     one_of,
     optional,
+    or_else,
 )
 
 INITIALS = ("sphere", "gaussian", "cube")
@@ -39,6 +48,24 @@ NORMALIZATIONS = ("sphere", "none", "pre-ln", "peri-ln", "ngpt")
 DTYPES = ("float32", "float64")
 ANIMATIONS = ("gif", "mp4", "none")
 SINKHORN_KERNELS = ("dot", "l2")
+#: `[noise] kind` -> the noise of `mf.simulate` (None: no noise, the ODE).
+NOISES = {"none": None, "independent": IndependentNoise, "common": CommonNoise}
+#: The normalizations a noise is defined with (`mf.simulate`'s None and "sphere").
+NOISY_NORMALIZATIONS = ("none", "sphere")
+#: Solvers of a noisy run by name, and those of them that need `dt0`.
+SDE_SOLVER_NAMES = tuple(SDE_SOLVERS)
+SDE_FIXED_STEP = tuple(
+    name
+    for name, solver in SDE_SOLVERS.items()
+    if not issubclass(solver, dfx.AbstractAdaptiveSolver)
+)
+#: Default tolerance of the adaptive step-size control without noise.
+ODE_TOLERANCE = 1e-6
+# As the reference page writes them: `"euler"`, ... and 1e-6, 1e-3.
+_FIXED_NAMES = ", ".join(f'`"{name}"`' for name in SDE_FIXED_STEP)
+_ODE_TOL, _SDE_TOL = (
+    f"{v:.0e}".replace("e-0", "e-") for v in (ODE_TOLERANCE, SDE_TOLERANCE)
+)
 #: TOML key of the [attention] table -> keyword of a family's constructor.
 KEYWORDS = {
     "A": "A",
@@ -78,10 +105,59 @@ def _k_rows(cfg) -> int:
     return len(cfg["Q"]) if isinstance(cfg["Q"], list) else cfg["d"]
 
 
+def is_noisy(cfg) -> bool:
+    """Whether a (partly) resolved configuration has a noise."""
+    return cfg["noise"]["kind"] != "none"
+
+
+def noise_kind(value, key, cfg):
+    """`[noise] kind`: a key of NOISES; a noise only with normalization none/sphere."""
+    value = choice(NOISES)(value, key, cfg)
+    if value != "none" and cfg["normalization"] not in NOISY_NORMALIZATIONS:
+        raise ValueError(
+            f'`{key}` = "{value}" needs `normalization` = "none" or "sphere" (a '
+            f'noise is defined in R^d and on the sphere); got "{cfg["normalization"]}".'
+        )
+    return value
+
+
+def noise_sigma(value, key, cfg):
+    """`[noise] sigma`: a number >= 0, positive only with a noise `kind`."""
+    value = number()(value, key, cfg)
+    if value < 0:
+        raise ValueError(f"`{key}` must be >= 0; got {value}.")
+    if value > 0 and cfg["kind"] == "none":
+        raise ValueError(
+            f'`{key}` = {value} needs `noise.kind` = "independent" or "common"; '
+            'got "none".'
+        )
+    return value
+
+
+def _solver(value, key, cfg):
+    noisy = is_noisy(cfg)
+    if value is None:
+        return "heun" if noisy else "tsit5"
+    names = SDE_SOLVER_NAMES if noisy else SOLVERS
+    if not isinstance(value, str) or value not in names:
+        what = "with noise (`noise.kind`)" if noisy else "without noise"
+        raise ValueError(
+            f"`{key}` must be one of {', '.join(names)} {what}; got {value!r}."
+        )
+    return value
+
+
+def _tolerance(cfg) -> float:
+    return SDE_TOLERANCE if is_noisy(cfg) else ODE_TOLERANCE
+
+
 def _dt0(value, key, cfg):
     if value is None:
-        if cfg["solver"] == "euler":
-            raise ValueError('`solver` = "euler" needs a fixed step: set `dt0`.')
+        fixed = SDE_FIXED_STEP if is_noisy(cfg) else ("euler",)
+        if cfg["solver"] in fixed:
+            raise ValueError(
+                f'`solver` = "{cfg["solver"]}" needs a fixed step: set `dt0`.'
+            )
         return None
     return number(positive=True)(value, key, cfg)
 
@@ -146,28 +222,52 @@ SCHEMA: dict = {
         "float32",
         doc=f"Floating-point precision of the tokens and matrices: {one_of(DTYPES)}.",
     ),
+    "noise": {
+        "kind": Key(
+            noise_kind,
+            "none",
+            doc='Brownian forcing of the tokens: `"none"`, `"independent"` (each '
+            "token its own Brownian motion, dx_i = Γ(x_i) dt + σ dW^i) or "
+            '`"common"` (one matrix Brownian motion B for all tokens, dx_i = '
+            "Γ(x_i) dt + σ dB x_i); only with `normalization` = "
+            '`"none"` or `"sphere"` (projected on the sphere).',
+        ),
+        "sigma": Key(
+            noise_sigma,
+            0.0,
+            doc='Noise level σ ≥ 0; positive only with `kind` = `"independent"` '
+            'or `"common"`.',
+        ),
+        "seed": Key(
+            integer(0),
+            0,
+            doc="Seed of the Brownian path, ≥ 0 (`--seed` draws the initial "
+            "tokens): segment k, counted from 0, runs on the path of the key "
+            "jax.random.fold_in(jax.random.key(seed), k), so the path depends "
+            "on `segments` and a resumed run repeats the uninterrupted one.",
+        ),
+    },
     "solver": Key(
-        choice(SOLVERS),
-        "tsit5",
-        doc=f'ODE solver: {one_of(SOLVERS)}; all adaptive except `"euler"`, which '
-        "takes fixed steps and needs `dt0`.",
+        _solver,
+        doc=f'Solver without noise: {one_of(SOLVERS)}, adaptive except `"euler"`; '
+        f"with noise: {one_of(SDE_SOLVER_NAMES)}, adaptive except "
+        f"{_FIXED_NAMES}. A fixed-step solver needs `dt0`. Omitted: "
+        '`"tsit5"`, or `"heun"` with noise.',
     ),
     "rtol": Key(
-        number(positive=True),
-        1e-6,
+        or_else(_tolerance, number(positive=True)),
         doc="Relative tolerance of the adaptive step-size control, > 0 (unused "
-        "with fixed steps).",
+        f"with fixed steps). Omitted: {_ODE_TOL}, or {_SDE_TOL} with noise.",
     ),
     "atol": Key(
-        number(positive=True),
-        1e-6,
+        or_else(_tolerance, number(positive=True)),
         doc="Absolute tolerance of the adaptive step-size control, > 0 (unused "
-        "with fixed steps).",
+        f"with fixed steps). Omitted: {_ODE_TOL}, or {_SDE_TOL} with noise.",
     ),
     "dt0": Key(
         _dt0,
         doc="A step size > 0: every solver then takes constant steps of that size. "
-        'Omitted: adaptive steps (not allowed with `solver = "euler"`).',
+        "Omitted: adaptive steps (not allowed with a fixed-step `solver`).",
     ),
     "max_steps": Key(
         integer(1),
@@ -260,7 +360,10 @@ def resolve_config(config: dict | None) -> dict:
     `scale` (> 0: radius of the sphere, standard deviation, half-width),
     `normalization` ("sphere" | "none" | "pre-ln" | "peri-ln" | "ngpt", see
     `mf.simulate`), `masked` (causal attention with
-    positions s_i = i/n), `dtype`, `solver`, `rtol`, `atol`, `dt0`, `max_steps`,
+    positions s_i = i/n), `dtype`, a `[noise]` table (`kind` "none" |
+    "independent" | "common", `sigma` >= 0, `seed` of the Brownian path; noise
+    only with normalization "none" or "sphere"), `solver`, `rtol`, `atol` (their
+    defaults those of `mf.simulate` with or without noise), `dt0`, `max_steps`,
     `blowup_radius`, `segments` (checkpoints, >= 1), `cluster_tol` (> 0; default
     automatic), `animation` ("gif" | "mp4" | "none") and an `[attention]` table:
     `kind` (a registered family), `V`, `A` or `Q`/`K` (a number c for c I, or
@@ -336,6 +439,20 @@ def _finish_attention(att: dict) -> dict:
 def normalization_of(cfg: dict) -> str | None:
     """The `normalization` argument of `mf.simulate` for a configuration's key."""
     return None if cfg["normalization"] == "none" else cfg["normalization"]
+
+
+def build_noise(cfg: dict):
+    """The noise of a resolved configuration (None for `kind` = "none").
+
+    Args:
+        cfg: a resolved configuration (`resolve_config`).
+
+    Returns:
+        `mf.IndependentNoise(sigma)`, `mf.CommonNoise(sigma)` or None: as a
+        script would build it (sigma a Python float; the tokens' dtype wins).
+    """
+    family = NOISES[cfg["noise"]["kind"]]
+    return None if family is None else family(cfg["noise"]["sigma"])
 
 
 def as_matrix(value, d: int) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 Tokens start uniform on the sphere, Gaussian or uniform in a cube; any registered
 attention family moves them, on the sphere (the LayerNorm model of Geshkovski,
-Letrouit, Polyanskiy & Rigollet, 2023) or in R^d, optionally causal (`masked`).
+Letrouit, Polyanskiy & Rigollet, 2023) or in R^d, optionally causal (`masked`)
+and with a Brownian forcing (`[noise]`).
 The configuration is `simulate_config`; the run, cut into checkpointed segments
 (`--resume`), is `simulate_segments`; this module clusters the result, draws the
 figures and summarises.
@@ -130,6 +131,9 @@ def run_label(cfg: dict) -> str:
     if scheme not in ("sphere", "none"):
         where += f" ({scheme})"
     mask = ", causal mask" if cfg["masked"] else ""
+    noise = cfg.get("noise", {"kind": "none"})
+    if noise["kind"] != "none":
+        mask += f", {noise['kind']} noise σ = {noise['sigma']:g}"
     return f"{cfg['attention']['kind']}{mask}, n = {cfg['n']} on {where}"
 
 
@@ -198,6 +202,8 @@ def _compute(
     )
     summary, points, counts = analyse(cfg, sol)
     summary["resumed_from_segment"] = None if ckpt is None else ckpt.segment
+    if cfg["noise"]["kind"] != "none":
+        summary["noise"] = {**cfg["noise"], "solver": cfg["solver"]}
     arrays = {
         "ts": sol.ts,
         "x": sol.x,
@@ -273,6 +279,13 @@ def format_summary(summary: dict) -> str:
         f"sizes {s['cluster_sizes'][:8]}"
         + (" ..." if len(s["cluster_sizes"]) > 8 else ""),
     ]
+    if "noise" in s:
+        noise = s["noise"]
+        lines.append(
+            f"{noise['kind']} noise, sigma = {noise['sigma']:g}, solver "
+            f"{noise['solver']}: Brownian path of seed {noise['seed']} (one key per "
+            "segment)"
+        )
     if math.isfinite(s["blowup_time"]):
         lines.append(
             f"blow-up detected at t* = {s['blowup_time']:.6g}: max|x| reached "

@@ -4,6 +4,14 @@ The run is cut into `segments` solves of equal numbers of save times; after each
 one the state is written atomically to `checkpoint.npz`, so an interrupted run
 continues with `--resume`. A run is always cut the same way, so a resumed run and
 an uninterrupted one compute exactly the same solves and end in the same state.
+
+With a noise, each solve draws its Brownian path from its own key (a
+`diffrax.VirtualBrownianTree` lives on the clock of one solve, `_noisy_solve`):
+segment k, counted from 0, runs on the path of
+`jax.random.fold_in(jax.random.key(seed), k)`, `seed` the `[noise]` one. The
+paths of consecutive segments are independent, so the glued path is a Brownian
+motion on [0, t1], but it depends on `segments`: the same seed cut differently is
+another path (of the same law). A resumed run repeats the uninterrupted one.
 """
 
 import dataclasses
@@ -23,7 +31,7 @@ from .. import _io, _status
 from .._dynamics import Solution, simulate
 from .._measures import MaskedParticles, Particles
 from .._normalization import ON_SPHERE
-from .simulate_config import build_attention, normalization_of
+from .simulate_config import build_attention, build_noise, normalization_of
 
 #: The checkpoint's file name in the output directory.
 CHECKPOINT = "checkpoint.npz"
@@ -52,6 +60,21 @@ def initial_measure(cfg: dict, seed: int, dtype):
     if cfg["masked"]:
         return MaskedParticles(x, jnp.arange(n, dtype=dtype) / n)
     return Particles(x)
+
+
+def segment_key(cfg: dict, segment: int):
+    """The key of segment `segment`'s Brownian path; None without noise.
+
+    Args:
+        cfg: a resolved configuration (its `[noise]` table).
+        segment: the segment's index, from 0.
+
+    Returns:
+        `jax.random.fold_in(jax.random.key(cfg["noise"]["seed"]), segment)`.
+    """
+    if cfg["noise"]["kind"] == "none":
+        return None
+    return jr.fold_in(jr.key(cfg["noise"]["seed"]), segment)
 
 
 def segment_bounds(saves: int, segments: int) -> list[int]:
@@ -185,6 +208,7 @@ def run_segments(
     save_ts = np.linspace(0.0, cfg["t1"], cfg["saves"])
     bounds = segment_bounds(cfg["saves"], cfg["segments"])
     normalization = normalization_of(cfg)
+    noise = build_noise(cfg)
     options = {
         name: cfg[name]
         for name in ("solver", "rtol", "atol", "dt0", "max_steps", "blowup_radius")
@@ -225,6 +249,8 @@ def run_segments(
                 t0=float(save_ts[lo]),
                 saveat=save_ts[lo + 1 : hi + 1],
                 normalization=normalization,
+                noise=noise,
+                key=segment_key(cfg, ckpt.segment),
                 **options,
             )
             ckpt = _advance(ckpt, sol)

@@ -27,6 +27,8 @@ from .._checks import reject_result
 from .._dynamics import Solution
 from .._ensemble import simulate_ensemble
 from .._measures import MaskedParticles, Particles
+from .._noise import AbstractNoise
+from .._noisy_solve import SDE_TOLERANCE
 from .._repr import fields_repr
 from .._status import SUCCESS
 
@@ -195,10 +197,12 @@ def phase_diagram(
     masked: bool = False,
     heads: int = 1,
     eps: float = 1e-3,
-    rtol: float = 1e-5,
-    atol: float = 1e-5,
+    rtol: float | None = None,
+    atol: float | None = None,
     chunk_size: int = 4096,
     progress: bool = False,
+    noise: AbstractNoise | None = None,
+    noise_key: Array | None = None,
     **options,
 ) -> PhaseDiagram:
     """Clustering phase diagram: pair alignment over beta and t.
@@ -215,6 +219,13 @@ def phase_diagram(
     and 3.3e-4 on two sets of 6 betas x 256 systems, while the standard error of
     a mean over 2048 systems is 1.8e-3 (median over beta and t;
     docs/math/clusters.md).
+
+    With `noise` every system is a noisy `mf.simulate` (`mf.simulate_ensemble`
+    with `noise=`): system s of the k-th beta, member b = k * systems + s, runs
+    on the Brownian path of `jax.random.split(noise_key, len(betas) * systems)[b]`,
+    with `noise_key = jax.random.fold_in(key, 1)` by default. The initial tokens
+    are drawn from `key` itself, as without noise: adding a noise changes the
+    paths, not the tokens.
 
     See [Pair alignment and phase diagrams][math-phase-diagram] and
     [The tolerance of a diagram][math-phase-tolerance].
@@ -235,18 +246,25 @@ def phase_diagram(
         heads: attention heads, each on a block of d / heads coordinates
             (`head_attention`); must divide d.
         eps: alignment tolerance of `pair_alignment`.
-        rtol: the solver's relative tolerance.
-        atol: the solver's absolute tolerance.
+        rtol: the solver's relative tolerance; None: 1e-5 without noise,
+            `mf.simulate`'s default with noise (1e-3).
+        atol: the solver's absolute tolerance; None as `rtol`.
         chunk_size: systems per compiled call (bounds memory).
         progress: progress bar over the chunks (`simulate_ensemble`'s).
-        **options: forwarded to `mf.simulate` (solver, max_steps, ...).
+        noise: None, or one noise for every system (`mf.IndependentNoise(sigma)`,
+            `mf.CommonNoise(sigma)`; normalization None or "sphere").
+        noise_key: PRNG key of the Brownian paths (see above); None:
+            `jax.random.fold_in(key, 1)`. Only with `noise`.
+        **options: forwarded to `mf.simulate` (solver, dt0, max_steps, ...).
 
     Returns:
         A `PhaseDiagram`.
 
     Raises:
         ValueError: unknown attention, non-positive betas, n < 2, d < 1,
-            systems < 1, chunk_size < 1, heads not dividing d.
+            systems < 1, chunk_size < 1, heads not dividing d, `noise_key`
+            without `noise`, a noise `mf.simulate` refuses (another
+            normalization, an ODE-only solver).
     """
     betas = np.asarray(betas, np.float64).reshape(-1)
     if attention not in ATTENTIONS:
@@ -266,6 +284,15 @@ def phase_diagram(
         raise ValueError(f"`heads` must divide d = {d}; got heads = {heads}.")
     ts = np.linspace(0.0, t1, 31) if saveat is None else np.asarray(saveat, np.float64)
     key = jr.key(0) if key is None else key
+    if noise is None and noise_key is not None:
+        raise ValueError("`noise_key` draws the Brownian paths of `noise`: pass both.")
+    if noise is not None and noise_key is None:
+        # Not split from `key`: the tokens below stay those of the noise-free run.
+        noise_key = jr.fold_in(key, 1)
+    if rtol is None:
+        rtol = 1e-5 if noise is None else SDE_TOLERANCE
+    if atol is None:
+        atol = 1e-5 if noise is None else SDE_TOLERANCE
     dtype = jnp.result_type(float)
     x = jr.normal(key, (betas.size * systems, n, d), dtype)
     x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
@@ -288,6 +315,8 @@ def phase_diagram(
         normalization=normalization,
         rtol=float(rtol),
         atol=float(atol),
+        noise=noise,
+        key=noise_key,
         **options,
     )
     aligned = np.asarray(aligned).reshape(betas.size, systems, -1)
