@@ -23,9 +23,10 @@ NumPy, SciPy and matplotlib. Five parts (sizes: full / `--tiny`):
 
 Parts a and c-e run first; the sweep (b) gets the rest of `--budget` (default
 510 s: the suite ends within 9 minutes), its tile sweep at least the last quarter
-of it; `--ns`, `--ds`, `--impls` and `--tile-n` narrow part b. Writes accelerator_<device>.json (a
-manifest with the device, driver and versions, then each part, saved after every
-part and every case, atomically) and accelerator_<device>.png into --out (default
+of it; `--ns`, `--ds`, `--impls` and `--tile-n` narrow part b. Writes
+accelerator_<device>.json (a manifest with the device, driver and versions, then
+each part, saved after every part and every case, atomically) and
+accelerator_<device>.png into --out (default
 out/accelerator; the committed results are in benchmarks/results, written only
 when named). `--tiny` runs everything on the CPU in under 2 minutes; a test runs it.
 """
@@ -142,7 +143,7 @@ def device_info() -> dict:
 
         info["torch_cuda"] = torch.version.cuda
         info["torch_cudnn"] = torch.backends.cudnn.version()
-    except Exception:  # torch is a peer, not a dependency
+    except Exception:  # torch is optional: timed beside meanfield when present
         pass
     return info
 
@@ -471,7 +472,9 @@ def main(argv=None) -> int:
     for name in ("ns", "ds", "tile_n"):
         values = getattr(args, name)
         if values is not None and min(np.atleast_1d(values)) < 1:
-            return fail(parser, f"--{name.replace('_', '-')} must be >= 1; got {values}")
+            return fail(
+                parser, f"--{name.replace('_', '-')} must be >= 1; got {values}"
+            )
     if args.tiny:
         jax.config.update("jax_platforms", "cpu")
     budget = args.budget or (90.0 if args.tiny else 510.0)
@@ -494,7 +497,12 @@ def main(argv=None) -> int:
     except ValueError as err:  # empty, cannot be created or written
         return fail(parser, err)
     name = f"accelerator_{'tiny_' if args.tiny else ''}{device_name()}"
-    config = dict(vars(args), budget=budget, sizes=sizes, impls=sizes["scaling"].get("impls", IMPLS))
+    config = dict(
+        vars(args),
+        budget=budget,
+        sizes=sizes,
+        impls=sizes["scaling"].get("impls", IMPLS),
+    )
     result = dict(manifest={}, parts={})
     device = device_info()
 

@@ -4,7 +4,7 @@ Four measurements on this machine, written as JSON and one figure:
 
 - cells: `mf.density.simulate` on N = 10^4 cells, beta = 30, from the uniform
   density with band-limited noise (modes 1-64, amplitude 1e-3) to t = 20, where
-  the clusters have formed; beside the peers' scheme, Lax-Friedrichs with
+  the clusters have formed; beside a first-order reference, Lax-Friedrichs with
   explicit Euler (dt = h / 2, NumPy FFTs), on the same cells. Both are compared in
   W1 with a tight solve on 2^15 cells (rtol = atol = 1e-10).
 - growth: the growth rates of modes 1-12 of the uniform state at N = 512
@@ -51,7 +51,7 @@ def band_limited(N, seed=0):
 
 
 def lax_friedrichs(rho, beta, t1, saves):
-    """The peers' scheme: explicit Euler + Lax-Friedrichs, dt = h / 2 (|v| <= 1)."""
+    """Explicit Euler + Lax-Friedrichs, dt = h / 2 (|v| <= 1): first order."""
     N = rho.size
     h = 2 * np.pi / N
     k = np.arange(N // 2 + 1)
@@ -92,12 +92,12 @@ def cells():
         fastest_mode=density.fastest_mode(BETA),
     )
     start = time.perf_counter()
-    peer = lax_friedrichs(rho0, BETA, T1, saves)
+    lf = lax_friedrichs(rho0, BETA, T1, saves)
     row["lax_friedrichs_s"] = time.perf_counter() - start
     row["lax_friedrichs_mass_error"] = float(
-        np.abs(peer.sum(1) * 2 * np.pi / 10_000 - 1).max()
+        np.abs(lf.sum(1) * 2 * np.pi / 10_000 - 1).max()
     )
-    row["lax_friedrichs_clusters"] = density.count_clusters(np.clip(peer[-1], 0, None))
+    row["lax_friedrichs_clusters"] = density.count_clusters(np.clip(lf[-1], 0, None))
     start = time.perf_counter()
     ref = density.simulate(
         band_limited(1 << 15), T1, beta=BETA, saveat=saves, rtol=1e-10, atol=1e-10
@@ -109,10 +109,10 @@ def cells():
         density.circle_w1(r, s) for r, s in zip(sol.rho, samples, strict=True)
     ]
     row["lax_friedrichs_w1"] = [
-        density.circle_w1(r, s) for r, s in zip(peer, samples, strict=True)
+        density.circle_w1(r, s) for r, s in zip(lf, samples, strict=True)
     ]
     print({k: v for k, v in row.items()}, flush=True)
-    return row, (sol.theta, sol.rho[-1], peer[-1], ref.theta, ref.rho[-1])
+    return row, (sol.theta, sol.rho[-1], lf[-1], ref.theta, ref.rho[-1])
 
 
 def growth():
@@ -196,11 +196,11 @@ def staircase():
 
 def plot(rows, finals, run, path):
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), layout="constrained")
-    theta, ours, peer, ref_theta, ref = finals
+    theta, ours, lf, ref_theta, ref = finals
     ax = axes[0, 0]
     ax.plot(ref_theta, ref, color="0.6", lw=3, label="2¹⁵ cells, rtol 10⁻¹⁰")
     ax.plot(theta, ours, color="C0", lw=1, label="meanfield, 10⁴ cells")
-    ax.plot(theta, peer, color="C1", lw=1, label="Lax-Friedrichs, 10⁴ cells")
+    ax.plot(theta, lf, color="C1", lw=1, label="Lax-Friedrichs, 10⁴ cells")
     ax.set_yscale("symlog", linthresh=1.0)
     ax.set_xlabel("θ")
     ax.set_ylabel("ρ at t = 20")

@@ -112,7 +112,9 @@ def ensembles():
         ("noisy", dict(noise=mf.IndependentNoise(sigma), key=jax.random.key(1))),
     ):
         stats, seconds = _warm(
-            lambda extra=extra: mf.simulate_ensemble(measures, attn, t1, **options, **extra)
+            lambda extra=extra: mf.simulate_ensemble(
+                measures, attn, t1, **options, **extra
+            )
         )
         final = np.asarray(stats.order_parameter[:, -1])
         row[name] = dict(
@@ -183,7 +185,9 @@ def plot(rows, path):
         color=["C0", "C1"],
     )
     ax.set_ylabel("systems / s")
-    ax.set_title(f"{ens['B']} systems of {ens['n']} tokens on S¹, Heun dt = {ens['dt']:g}")
+    ax.set_title(
+        f"{ens['B']} systems of {ens['n']} tokens on S¹, Heun dt = {ens['dt']:g}"
+    )
     den = rows["density"]
     ax = axes[2]
     keys = [k for k in den if k.startswith("sigma=")]

@@ -124,7 +124,7 @@ def on_sphere(solver):
         return SphereEuler()
     if not isinstance(solver, dfx.AbstractStratonovichSolver):
         raise ValueError(
-            "`solver` must be a Stratonovich solver or Euler-Maruyama (\"euler\") "
+            '`solver` must be a Stratonovich solver or Euler-Maruyama ("euler") '
             'with `noise` and normalization="sphere"; got the Ito solver '
             f"{type(solver).__name__}."
         )

@@ -22,7 +22,9 @@ def test_order_parameter_is_the_weighted_mean_direction():
     w = rng.random((4, 7))
     w /= w.sum(1, keepdims=True)
     want = [
-        np.linalg.norm(sum(w[b, i] * x[b, i] / np.linalg.norm(x[b, i]) for i in range(7)))
+        np.linalg.norm(
+            sum(w[b, i] * x[b, i] / np.linalg.norm(x[b, i]) for i in range(7))
+        )
         for b in range(4)
     ]
     np.testing.assert_allclose(order_parameter(x, w), want, rtol=1e-14)
@@ -88,7 +90,9 @@ def test_statistics_reduce_an_ensemble_to_what_each_solve_gives():
     assert got.order_parameter.shape == (3, 5) and got.groups.shape == (3, 5)
     for b in range(3):
         solo = statistics(mf.simulate(mf.Particles(xs[b]), attn, 4.0, **options))
-        np.testing.assert_allclose(got.order_parameter[b], solo.order_parameter, rtol=1e-10)
+        np.testing.assert_allclose(
+            got.order_parameter[b], solo.order_parameter, rtol=1e-10
+        )
         np.testing.assert_array_equal(got.groups[b], solo.groups)
         np.testing.assert_allclose(got.pair_alignment[b], solo.pair_alignment)
     # The tokens gather: the order parameter grows towards 1.

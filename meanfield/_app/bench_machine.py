@@ -103,7 +103,7 @@ EXP_CHAIN = 64
 
 @jax.jit
 def _exp_chain(y):
-    """y -> exp(-y), `EXP_CHAIN` times per element, in one elementwise kernel.
+    """Y -> exp(-y), `EXP_CHAIN` times per element, in one elementwise kernel.
 
     exp(-y) maps [0, inf) into (0, 1], so the chain stays finite and no
     simplification can remove a step.

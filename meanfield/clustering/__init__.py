@@ -8,8 +8,10 @@ Polyanskiy & Rigollet, "The Emergence of Clusters in Self-Attention Dynamics",
 NeurIPS 2023), and the statistics of ensembles over save times (order parameter,
 aligned pairs and groups; JAX, usable as an ensemble's `reduce`), and the
 probability that two tokens under common noise end antipodal (Fedorov, Sander,
-Elie, Marion & Lauriere, 2026). Post-processing on the host in NumPy/SciPy on concrete float64
-arrays (`rescale` excepted), in O(n d + 16 n) memory: never an (n, n) matrix.
+Elie, Marion & Lauriere, 2026). Clusters, counts and the polytope are computed on
+the host in NumPy/SciPy on concrete float64 arrays in O(n d + 16 n) memory, never
+an (n, n) matrix; `rescale` and the ensemble statistics are JAX functions (the
+statistics form one system's Gram matrix at a time, for the small n of a study).
 """
 
 from ._antipodal import antipodal_probability, antipodal_threshold, pair_coefficients

@@ -30,6 +30,7 @@ from .._linalg import row_norms
 from .._measures import AbstractParticles, MaskedParticles, Particles
 from .._normalization import ON_SPHERE
 from .._repr import fields_repr
+from .._simulate_inputs import check_common
 from .._status import FAILED, MAX_STEPS, SUCCESS
 from .._status import name as status_name
 from .._step_floor import FlooredPIDController
@@ -408,7 +409,7 @@ def simulate_merging(
         beta = _beta_of(attn)
     elif not (np.isfinite(float(beta)) and float(beta) > 0):
         raise ValueError(f"`beta` must be positive and finite; got {beta}.")
-    _dynamics._check_common(mu, attn, normalization)
+    check_common(mu, attn, normalization)
 
     # Long runs need float64 time: at t = 1e6 a float32 ulp is 0.06, coarser
     # than a merge, which takes a time of order 1.

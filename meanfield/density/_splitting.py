@@ -27,15 +27,11 @@ transport step, carried through the second H; the splitting error, O(dt^3) per
 step, is not estimated (docs/math/density.md).
 """
 
-from collections.abc import Callable
-from typing import ClassVar
-
-import diffrax as dfx
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
-from ._ssp import end_step, ssp_stages
+from ._ssp import PositiveSSPRK43, end_step, ssp_stages
 
 
 def heat_rates(N: int, sigma: float) -> np.ndarray:
@@ -64,7 +60,7 @@ def _clip(rho, before):
     return rho * (jnp.sum(before) / jnp.sum(rho))
 
 
-class SplitHeatSSPRK43(dfx.AbstractAdaptiveSolver):
+class SplitHeatSSPRK43(PositiveSSPRK43):
     """Strang splitting of exact diffusion and a positive SSPRK(4,3) transport step.
 
     For an ODE term giving the transport rate of a density (N,) on the circle;
@@ -72,20 +68,10 @@ class SplitHeatSSPRK43(dfx.AbstractAdaptiveSolver):
     """
 
     rates: Float[Array, " K"]
-    term_structure: ClassVar = dfx.AbstractTerm
-    interpolation_cls: ClassVar[Callable[..., dfx.LocalLinearInterpolation]] = (
-        dfx.LocalLinearInterpolation
-    )
 
     def order(self, terms):
+        # Strang splitting; the error estimate stays the transport's, O(dt^3).
         return 2
-
-    def error_order(self, terms):
-        # The transport's embedded estimate: O(dt^3) (module docstring).
-        return 3
-
-    def init(self, terms, t0, t1, y0, args):
-        return None
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         del solver_state, made_jump
@@ -97,7 +83,3 @@ class SplitHeatSSPRK43(dfx.AbstractAdaptiveSolver):
         # NaN fails `>= 0` in the stages: a non-finite stage is rejected.
         error = jnp.where(positive, error, jnp.inf)
         return end_step(t0, t1, y0, _clip(end, u4), error, positive)
-
-    def func(self, terms, t0, y0, args):
-        # Used only to pick the first step: the transport's rate suffices.
-        return terms.vf(t0, y0, args)
