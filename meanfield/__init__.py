@@ -1,7 +1,8 @@
 """meanfield: the mean-field Transformer PDE d_t mu + div(mu Gamma_mu) = 0 in JAX.
 
 Measures (particles, masked particles, Gaussians), attention velocity fields
-(softmax, L2, Sinkhorn, multi-head, ill-posed kernels), and particle dynamics.
+(softmax, L2, Sinkhorn, multi-head, positional, hardmax, ill-posed kernels),
+feed-forward layers and Transformer blocks, and particle dynamics.
 
 Names are loaded on first use (PEP 562): `import meanfield` imports neither JAX nor
 matplotlib, so `meanfield --help` answers at once and `mf.plotting` costs nothing
@@ -24,6 +25,13 @@ _ENGINE = {
     "AbstractAttention": "._attention.base",
     "AbstractKernelAttention": "._attention.base",
     "AbstractIllPosedAttention": "._attention.ill_posed",
+    "ALiBiAttention": "._attention.positional",
+    "RoPEAttention": "._attention.positional",
+    "HardmaxAttention": "._attention.hardmax",
+    "AbstractFeedForward": "._feedforward",
+    "FeedForward": "._feedforward",
+    "MLP": "._feedforward",
+    "Block": "._block",
     "LinearAttention": "._attention.ill_posed",
     "ReLUAttention": "._attention.ill_posed",
     "SigmoidAttention": "._attention.ill_posed",
@@ -35,7 +43,7 @@ _ENGINE = {
     "SoftmaxAttention": "._attention.softmax",
     "SOLVERS": "._dynamics",
     "Solution": "._dynamics",
-    "layers": "._dynamics",
+    "layers": "._layers",
     "simulate": "._dynamics",
     "simulate_ensemble": "._ensemble",
     "simulate_merging": ".clustering._merging",
@@ -89,6 +97,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from . import bert, clustering, density, gaussian, lipschitz, plotting, wasserstein
     from ._attention.base import AbstractAttention, AbstractKernelAttention
+    from ._attention.hardmax import HardmaxAttention
     from ._attention.ill_posed import (
         AbstractIllPosedAttention,
         LinearAttention,
@@ -98,10 +107,14 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from ._attention.l2 import L2Attention
     from ._attention.multihead import MultiHeadAttention
+    from ._attention.positional import ALiBiAttention, RoPEAttention
     from ._attention.sinkhorn import SinkhornAttention, SinkhornPotentials
     from ._attention.softmax import SoftmaxAttention
-    from ._dynamics import SOLVERS, Solution, layers, simulate
+    from ._block import Block
+    from ._dynamics import SOLVERS, Solution, simulate
     from ._ensemble import simulate_ensemble
+    from ._feedforward import MLP, AbstractFeedForward, FeedForward
+    from ._layers import layers
     from ._measures import (
         AbstractMeasure,
         AbstractParticles,

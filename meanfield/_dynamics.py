@@ -1,8 +1,7 @@
-"""Particle dynamics of the Transformer PDE and the discrete residual Transformer.
+"""Particle dynamics of the Transformer PDE: x_i' = Gamma_mu(x_i) with diffrax.
 
-x_i' = Gamma_mu(x_i) is integrated with diffrax; x <- x + h Gamma_mu(x) is its
-explicit Euler scheme. With a noise, both gain a Brownian term (`_noise`,
-`_noisy_solve`).
+With a noise the ODE gains a Brownian term (`_noise`, `_noisy_solve`). Its explicit
+Euler scheme, the discrete residual Transformer, is `_layers`.
 """
 
 import math
@@ -172,7 +171,7 @@ def _solver(solver):
     )
 
 
-def _on_sphere(measure):
+def measure_on_sphere(measure):
     """The measure with every token normalised (inside the jitted solves)."""
     return eqx.tree_at(lambda m: m.x, measure, measure.x / row_norms(measure.x, True))
 
@@ -364,7 +363,7 @@ def _solve(
     program holds no host callback and JAX's persistent cache can keep it.
     """
     if normalization in ON_SPHERE:
-        measure = _on_sphere(measure)
+        measure = measure_on_sphere(measure)
     x0 = measure.x
     dtype = x0.dtype
     rate = (t1 - t0) / length  # dt/ds
@@ -470,130 +469,5 @@ def _solve(
         result=result,
         t_final=t_final,
         num_steps=sol.stats["num_steps"],
-        initial=measure,
-    )
-
-
-def layers(
-    measure: AbstractParticles,
-    attn: AbstractAttention,
-    L: int,
-    *,
-    t1: float = 1.0,
-    normalization: str | None = None,
-    ngpt_alpha: float = 0.2,
-    blowup_radius: float = 1e8,
-    noise: AbstractNoise | None = None,
-    key: jax.Array | None = None,
-) -> Solution:
-    """Discrete residual Transformer: L layers x <- x + h Gamma_mu(t_l)(x), h = t1 / L.
-
-    Layer l uses the parameters at t_l = l h (so a `PiecewiseConstant` with L values
-    on [0, t1] gives each layer its own weights). This is the explicit Euler scheme
-    of `simulate`, first order in h (Castin et al., 2025).
-
-    See [Layers: the explicit Euler scheme][math-layers], and
-    [Where the LayerNorm sits][math-normalizations] for the block of each normalization
-    and its limit.
-
-    Args:
-        measure: initial `Particles` or `MaskedParticles`.
-        attn: the attention velocity field.
-        L: number of layers (>= 1).
-        t1: total depth time.
-        normalization: the residual block (`meanfield._normalization`): None
-            (x + h Attn(x)), "sphere" (post-LN: x <- (x + h P_x^perp Gamma) / |...|),
-            "pre-ln" (x + h Attn(Norm x)), "peri-ln" (x + h Norm(Attn(Norm x))),
-            "ngpt" (Norm(x + alpha h (Norm(Attn x) - x))).
-        ngpt_alpha: the step scale alpha of "ngpt".
-        blowup_radius: a layer whose output exceeds it (or is non-finite) stops the
-            stack: status "blowup" at that layer's time, later rows +inf.
-        noise: None, or a noise for normalization None or "sphere": each block
-            adds sigma g(x) (W(t_{l+1}) - W(t_l)) (Euler-Maruyama; projected and
-            normalised on the sphere), W the path of `simulate` with this key.
-        key: the PRNG key of that path, required with `noise` ([Noise][math-noise]).
-
-    Returns:
-        A `Solution` with T = L + 1 saved states (ts = l h).
-    """
-    measure = _check_common(measure, attn, normalization)
-    check_noise(noise, key, normalization)
-    check_finite_times(t1=t1)
-    if int(L) != L or L < 1:
-        raise ValueError(f"`L` must be an integer >= 1; got {L!r}.")
-    L = int(L)
-    if not float(t1) > 0:
-        raise ValueError(f"`t1` must be positive; got {t1}.")
-    dtype = measure.x.dtype
-    if not blowup_radius > 0:
-        raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
-    # Depth and radius as traced arrays: a new t1 or radius reuses the compiled
-    # stack (one compilation per measure/attention structure, shapes and L).
-    return _layers(
-        measure,
-        attn,
-        noise,
-        key,
-        np.asarray(t1, dtype),
-        np.asarray(blowup_radius, dtype),
-        L=L,
-        length=None if noise is None else clock_length(0.0, t1),
-        normalization=normalization,
-        alpha=float(ngpt_alpha),
-    )
-
-
-@eqx.filter_jit
-def _layers(
-    measure, attn, noise, key, t1, blowup_radius, *, L, length, normalization, alpha
-) -> Solution:
-    """The scan of `layers` (arguments validated there)."""
-    if normalization in ON_SPHERE:
-        measure = _on_sphere(measure)
-    x0 = measure.x
-    dtype = x0.dtype
-    h = t1 / L
-    dws = None
-    if noise is not None:  # the Brownian increments of the L blocks
-        dws = _noisy_solve.layer_increments(noise, key, x0, t1, L, length)
-
-    def layer(carry, inputs):
-        (x, stopped, t_stop, ok_all), (l, dw) = carry, inputs
-        t = l * h
-        block = (attn, measure, x, t, h, normalization, alpha)
-        if noise is None:
-            x_new, ok = _normalization.layer(*block)
-        else:
-            x_new, ok = _noisy_solve.noisy_layer(*block, noise, dw)
-        bad = ~jnp.all(jnp.isfinite(x_new)) | (
-            jnp.max(row_norms(x_new)) >= blowup_radius
-        )
-        newly = bad & ~stopped
-        t_stop = jnp.where(newly, t + h, t_stop)
-        stopped = stopped | bad
-        ok_all = ok_all & (ok | stopped)
-        # Record the layer that blew up as it is; freeze the state after it and
-        # report later rows as +inf.
-        out = jnp.where(carry[1], jnp.inf, x_new)
-        x_next = jnp.where(stopped, x, x_new)
-        return (x_next, stopped, t_stop, ok_all), out
-
-    init = (x0, jnp.array(False), jnp.asarray(jnp.inf, dtype), jnp.array(True))
-    (_, stopped, t_stop, ok_all), xs = jax.lax.scan(layer, init, (jnp.arange(L), dws))
-    xs = jnp.concatenate([x0[None], xs], axis=0)
-    ts = jnp.arange(L + 1, dtype=dtype) * h
-    ts = jnp.where(ts > t_stop, jnp.inf, ts)
-    result = jnp.where(
-        stopped,
-        _status.BLOWUP,
-        jnp.where(ok_all, _status.SUCCESS, _status.SINKHORN_NOT_CONVERGED),
-    )
-    return Solution(
-        ts=ts,
-        x=xs,
-        blowup_time=t_stop,
-        result=result,
-        t_final=jnp.where(stopped, t_stop, t1),
-        num_steps=jnp.asarray(L),
         initial=measure,
     )

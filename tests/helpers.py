@@ -150,6 +150,18 @@ FAMILY_EXAMPLES = {
     "linear": {"A": lambda p: mf.LinearAttention(p.V, A=p.A)},
     "relu": {"A": lambda p: mf.ReLUAttention(p.V, A=p.A)},
     "sigmoid": {"A": lambda p: mf.SigmoidAttention(p.V, A=p.A)},
+    "hardmax": {
+        "A": lambda p: mf.HardmaxAttention(p.V, A=p.A),
+        "QK-blocked": lambda p: mf.HardmaxAttention(
+            p.V, Q=p.Q, K=p.K, blocking="blocked", block_size=2
+        ),
+    },
+    "alibi": {"A": lambda p: mf.ALiBiAttention(p.V, A=p.A, slope=1.5)},
+    "rope": {
+        "QK": lambda p: mf.RoPEAttention(
+            p.V, Q=p.Q[:2], K=p.K[:2], frequencies=np.array([2.0], p.Q.dtype)
+        )
+    },
     "multihead": {
         "softmax+l2": lambda p: mf.MultiHeadAttention(
             [mf.SoftmaxAttention(p.V, A=p.A), mf.L2Attention(p.V, Q=p.Q, K=p.K)]
@@ -159,3 +171,6 @@ FAMILY_EXAMPLES = {
 }
 #: Entries of FAMILY_EXAMPLES that combine families rather than being one.
 COMBINATORS = ("multihead",)
+#: Families whose kernel reads the token positions: they need `MaskedParticles`,
+#: so the invariants on plain particles skip them (tests/test_positional.py).
+POSITIONAL = ("alibi", "rope")

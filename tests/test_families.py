@@ -6,6 +6,8 @@ cosine-similarity family defined below, each built by its entry of
 family cannot be added without these tests. The cosine family is registered only
 for the tests that use it: it checks that a new family is one class, one
 `@register` line and one test-table entry (docs/how-to/new-attention-family.md).
+Positional families (`helpers.POSITIONAL`) need token positions, which the
+invariants on plain particles do not have: tests/test_positional.py holds theirs.
 
 Sizes are tiny (n = 6 tokens in d = 3), and what the invariants compare is computed
 once per case (the `case` fixture), eagerly: the primitives compile once for all
@@ -20,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import COMBINATORS, FAMILY_EXAMPLES, example_params
+from helpers import COMBINATORS, FAMILY_EXAMPLES, POSITIONAL, example_params
 
 import meanfield as mf
 from meanfield._attention import FAMILIES, family, name_of, register
@@ -100,6 +102,7 @@ def _variants(name):
 CASES = [
     pytest.param((name, variant), id=f"{name}-{variant}")
     for name in [*sorted(FAMILIES), *COMBINATORS, "cosine"]
+    if name not in POSITIONAL
     for variant in _variants(name)
 ]
 D, N = 3, 6

@@ -8,6 +8,7 @@ ill-posed kernels (unnormalized, linear, relu, sigmoid), then later additions.
 # isort: off
 # The order of these imports is the order of FAMILIES (see registry).
 from . import softmax, l2, sinkhorn, ill_posed  # noqa: F401  (registration)
+from . import positional, hardmax  # noqa: F401  (registration)
 from . import multihead  # noqa: F401  (a combinator, not registered)
 
 # isort: on

@@ -455,16 +455,48 @@ class AbstractKernelAttention(AbstractAttention):
     ) -> tuple[Float[Array, "m k"], Float[Array, "n k"], Float[Array, " n"] | None]:
         """(q, keys, key_bias): log k(z_i, x_j) = <q_i, keys_j> + key_bias_j."""
 
+    def positional_features(
+        self,
+        z: Float[Array, "m d"],
+        x: Float[Array, "n d"],
+        query_pos: Float[Array, " m"] | None,
+        key_pos: Float[Array, " n"] | None,
+        t,
+    ) -> tuple[Float[Array, "m k"], Float[Array, "n k"], Float[Array, " n"] | None]:
+        """`features` of a family whose kernel depends on the positions s.
+
+        The default ignores them (the causal mask alone uses positions).
+        """
+        return self.features(z, x, t)
+
+    def positional_bias(
+        self,
+        query_pos: Float[Array, " m"] | None,
+        key_pos: Float[Array, " n"] | None,
+        t,
+    ) -> Float[Array, " n"] | None:
+        """A per-key logit bias from the positions, in logit units (None: none).
+
+        Unlike `features`' bias it is not quadratic in the tokens, so the logit
+        rescaling of large tokens divides it by c^2 rather than the features.
+        """
+        return None
+
     def _evaluate(self, measure, z, positions, t):
         dtype = _kernels.compute_dtype(z.dtype)
         x, z = measure.x.astype(dtype), z.astype(dtype)
+        key_pos = key_positions(measure)
         # Logits are quadratic in the tokens: past sqrt(max float) they overflow
         # although the weights they give are representable. Features of the
         # tokens divided by a power of two c give logits / c^2 exactly, and the
         # kernel scales the max-shifted logits back (c = 1 for ordinary tokens).
         c = power_of_two_scale(jnp.concatenate([x, z]), jnp.finfo(dtype).maxexp // 4)
-        q, keys, bias = self.features(z / c, x / c, t)
-        log_w = _kernels.log_weights(measure.weights.astype(dtype)) / c / c
+        q, keys, bias = self.positional_features(z / c, x / c, positions, key_pos, t)
+        log_w = _kernels.log_weights(measure.weights.astype(dtype))
+        extra = self.positional_bias(positions, key_pos, t)
+        if extra is not None:
+            log_w = log_w + extra.astype(dtype)
+        log_w = log_w / c / c
         bias = log_w if bias is None else bias + log_w
         vel = softmax_average(
             q,
@@ -472,7 +504,7 @@ class AbstractKernelAttention(AbstractAttention):
             bias,
             values_at(self.V, t, x),
             positions,
-            key_positions(measure),
+            key_pos,
             blocking=self.blocking,
             block_size=self.block_size,
             logit_scale=c,

@@ -1,0 +1,122 @@
+"""Hardmax averages: for each query, the weighted mean of the values of its best keys.
+
+out_i = sum_{j in S_i} w_j v_j / sum_{j in S_i} w_j,
+S_i = {j visible to i, w_j > 0 : l_ij >= max_j' l_ij' - tol_i},  l_ij = <q_i, k_j>,
+
+the beta -> inf limit of softmax_j(beta l_ij + log w_j). Ties are logits within
+tol_i of the maximum: `tolerance` gives the rounding bound of a k-term dot product,
+so tokens that coincide share the attention whatever the rounding of their
+logits. Dense (one (m, n) matrix) or blocked (running maximum and running sums,
+O(block_q block_k) memory), like the softmax kernels.
+"""
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from .blocked import _pad_rows
+
+#: Ties: logits within TIE_ULPS k eps |q_i| max_j |k_j| of the row maximum
+#: (a k-term dot product rounds by at most k eps |q_i| |k_j|; twice, with margin).
+TIE_ULPS = 4
+
+
+def tolerance(q: Float[Array, "m k"], keys: Float[Array, "n k"]) -> Float[Array, " m"]:
+    """tol_i = TIE_ULPS k eps |q_i| max_j |k_j|, the ties' window (no gradient)."""
+    eps = jnp.finfo(q.dtype).eps
+    k_max = jnp.max(jnp.linalg.norm(keys, axis=-1))
+    tol = TIE_ULPS * q.shape[-1] * eps * jnp.linalg.norm(q, axis=-1) * k_max
+    return jax.lax.stop_gradient(tol)
+
+
+def _visible(key_weights, query_pos, key_pos, shape) -> Array:
+    """(bq, bk) mask: positive weight, and s_j <= s_i when masked."""
+    visible = jnp.broadcast_to((key_weights > 0)[None, :], shape)
+    if query_pos is not None:
+        visible = visible & (key_pos[None, :] <= query_pos[:, None])
+    return visible
+
+
+def dense_average(
+    q: Float[Array, "m k"],
+    keys: Float[Array, "n k"],
+    key_weights: Float[Array, " n"],
+    values: Float[Array, "n dv"],
+    query_pos: Float[Array, " m"] | None = None,
+    key_pos: Float[Array, " n"] | None = None,
+) -> Float[Array, "m dv"]:
+    """The hardmax average with one (m, n) logits matrix (0 where no key is seen)."""
+    logits = q @ keys.T
+    visible = _visible(key_weights, query_pos, key_pos, logits.shape)
+    logits = jnp.where(visible, logits, -jnp.inf)
+    best = jax.lax.stop_gradient(jnp.max(logits, axis=1, keepdims=True))
+    chosen = visible & (logits >= best - tolerance(q, keys)[:, None])
+    coef = jnp.where(chosen, key_weights[None, :], 0)
+    total = jnp.sum(coef, axis=1, keepdims=True)
+    return (coef @ values) / jnp.where(total > 0, total, 1)
+
+
+def blocked_average(
+    q: Float[Array, "m k"],
+    keys: Float[Array, "n k"],
+    key_weights: Float[Array, " n"],
+    values: Float[Array, "n dv"],
+    query_pos: Float[Array, " m"] | None = None,
+    key_pos: Float[Array, " n"] | None = None,
+    *,
+    block_q: int = 2048,
+    block_k: int = 512,
+) -> Float[Array, "m dv"]:
+    """`dense_average` in O(block_q block_k) memory.
+
+    Each query block scans the key blocks with a running maximum, the running
+    weight of its ties and their running weighted sum of values; a block whose
+    maximum beats the running one by more than the tolerance resets the sums.
+    """
+    m, n = q.shape[0], keys.shape[0]
+    block_q, block_k = max(1, min(block_q, m)), max(1, min(block_k, n))
+    dtype = jnp.result_type(q.dtype, keys.dtype, values.dtype)
+    masked = query_pos is not None
+    tol = tolerance(q, keys)
+    # Padded keys have weight 0 (never chosen); padded queries are cut off.
+    k_blocks = _pad_rows(keys, block_k, 0).reshape(-1, block_k, keys.shape[1])
+    w_blocks = _pad_rows(key_weights.astype(dtype), block_k, 0).reshape(-1, block_k)
+    v_blocks = _pad_rows(values, block_k, 0).reshape(-1, block_k, values.shape[1])
+    kp = key_pos if masked else jnp.zeros((n,), dtype)
+    p_blocks = _pad_rows(kp, block_k, jnp.inf).reshape(-1, block_k)
+    qp = query_pos if masked else jnp.zeros((m,), dtype)
+    q_blocks = _pad_rows(q, block_q, 0).reshape(-1, block_q, q.shape[1])
+    qp_blocks = _pad_rows(qp, block_q, 0).reshape(-1, block_q)
+    tol_blocks = _pad_rows(tol, block_q, 0).reshape(-1, block_q)
+
+    @jax.checkpoint
+    def one_query_block(args):
+        qb, qpb, tolb = args
+
+        def update(carry, kb):
+            run_max, run_w, acc = carry
+            k, w, v, kpb = kb
+            logits = qb @ k.T
+            visible = _visible(w, qpb if masked else None, kpb, logits.shape)
+            logits = jnp.where(visible, logits, -jnp.inf)
+            new_max = jnp.maximum(run_max, jnp.max(logits, axis=1))
+            keep = (run_max >= new_max - tolb)[:, None]
+            chosen = visible & (logits >= (new_max - tolb)[:, None])
+            coef = jnp.where(chosen, w[None, :], 0)
+            run_w = jnp.where(keep[:, 0], run_w, 0) + jnp.sum(coef, axis=1)
+            acc = jnp.where(keep, acc, 0) + coef @ v.astype(dtype)
+            return (jax.lax.stop_gradient(new_max), run_w, acc), None
+
+        bq = qb.shape[0]
+        init = (
+            jnp.full((bq,), -jnp.inf, dtype),
+            jnp.zeros((bq,), dtype),
+            jnp.zeros((bq, values.shape[1]), dtype),
+        )
+        (_, run_w, acc), _ = jax.lax.scan(
+            update, init, (k_blocks, w_blocks, v_blocks, p_blocks)
+        )
+        return acc / jnp.where(run_w > 0, run_w, 1)[:, None]
+
+    out = jax.lax.map(one_query_block, (q_blocks, qp_blocks, tol_blocks))
+    return out.reshape(-1, values.shape[1])[:m]
