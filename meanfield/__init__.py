@@ -27,6 +27,7 @@ _ENGINE = {
     "AbstractIllPosedAttention": "._attention.ill_posed",
     "ALiBiAttention": "._attention.positional",
     "RoPEAttention": "._attention.positional",
+    "UnnormalizedALiBiAttention": "._attention.positional",
     "HardmaxAttention": "._attention.hardmax",
     "AbstractFeedForward": "._feedforward",
     "FeedForward": "._feedforward",
@@ -107,7 +108,11 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from ._attention.l2 import L2Attention
     from ._attention.multihead import MultiHeadAttention
-    from ._attention.positional import ALiBiAttention, RoPEAttention
+    from ._attention.positional import (
+        ALiBiAttention,
+        RoPEAttention,
+        UnnormalizedALiBiAttention,
+    )
     from ._attention.sinkhorn import SinkhornAttention, SinkhornPotentials
     from ._attention.softmax import SoftmaxAttention
     from ._block import Block

@@ -157,6 +157,12 @@ FAMILY_EXAMPLES = {
         ),
     },
     "alibi": {"A": lambda p: mf.ALiBiAttention(p.V, A=p.A, slope=1.5)},
+    "unnormalized_alibi": {
+        "A": lambda p: mf.UnnormalizedALiBiAttention(p.V, A=p.A, slope=1.5),
+        "strict": lambda p: mf.UnnormalizedALiBiAttention(
+            p.V, A=p.A, slope=1.5, include_self=False
+        ),
+    },
     "rope": {
         "QK": lambda p: mf.RoPEAttention(
             p.V, Q=p.Q[:2], K=p.K[:2], frequencies=np.array([2.0], p.Q.dtype)
@@ -173,4 +179,4 @@ FAMILY_EXAMPLES = {
 COMBINATORS = ("multihead",)
 #: Families whose kernel reads the token positions: they need `MaskedParticles`,
 #: so the invariants on plain particles skip them (tests/test_positional.py).
-POSITIONAL = ("alibi", "rope")
+POSITIONAL = ("alibi", "rope", "unnormalized_alibi")

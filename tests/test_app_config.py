@@ -145,9 +145,21 @@ def test_a_newly_registered_family_works_in_a_configuration(toy_families):
         simulate_config.resolve_config({"attention": {"kind": "toy_heads"}})
 
 
+#: What a positional family needs beyond its defaults: positions and its own key.
+POSITIONAL_KEYS = {
+    "alibi": {"slope": 1.0},
+    "unnormalized_alibi": {"slope": 1.0},
+    "rope": {"frequencies": 1.0},
+}
+
+
 def test_every_registered_family_builds_from_its_defaults():
     for kind, cls in FAMILIES.items():
-        cfg = simulate_config.resolve_config({"d": 2, "attention": {"kind": kind}})
+        extra = POSITIONAL_KEYS.get(kind)
+        config = {"d": 2, "attention": {"kind": kind, **(extra or {})}}
+        if extra is not None:
+            config["masked"] = True
+        cfg = simulate_config.resolve_config(config)
         assert type(simulate_config.build_attention(cfg, jnp.float32)) is cls
     with pytest.raises(ValueError, match="`attention.kind` must be one of softmax"):
         simulate_config.resolve_config({"attention": {"kind": "cosine"}})

@@ -3,7 +3,9 @@
 The references write the logits as the papers do, with both positions:
 ALiBi <A x_i, x_j> - slope (s_i - s_j) (Press, Smith & Lewis, 2022) and RoPE
 <Q x_i, R(s_j - s_i) K x_j> with R an explicit block-rotation matrix (Su et al.,
-2021), then normalise over the visible keys s_j <= s_i with weights w_j.
+2021), then normalise over the visible keys s_j <= s_i with weights w_j. The
+unnormalised variant of Duerinckx, Geshkovski & Rossi (arXiv 2605.09213)
+normalises the positional weights alone.
 Values at 1e-12 in float64, derivatives by the complex step of the same loops.
 """
 
@@ -203,3 +205,75 @@ def test_bad_parameters_are_named():
         mf.RoPEAttention(np.eye(3), Q=np.eye(3), K=np.eye(3), frequencies=[1.0])
     with pytest.raises(ValueError, match=r"`frequencies` must have shape \(k/2,\)"):
         mf.RoPEAttention(eye, Q=eye, K=eye, frequencies=[1.0, 2.0, 3.0])
+
+
+def unnormalized_alibi_numpy(z, zs, x, s, w, V, A, slope, include_self=True):
+    """sum_j pi_ij e^{<A z_i, x_j>} V x_j, pi_ij = w_j e^{-slope (zs_i - s_j)} / D_i."""
+    out = np.zeros(z.shape, dtype=np.result_type(z, x))
+    for i in range(z.shape[0]):
+        visible = [
+            j
+            for j in range(x.shape[0])
+            if (s[j] <= zs[i] if include_self else s[j] < zs[i])
+        ]
+        pos = np.array([w[j] * np.exp(-slope * (zs[i] - s[j])) for j in visible])
+        for pj, j in zip(pos / max(pos.sum(), 1e-300), visible, strict=True):
+            out[i] += pj * np.exp((A @ z[i]) @ x[j]) * (V @ x[j])
+    return out
+
+
+@pytest.mark.parametrize("include_self", [True, False], ids=["self", "strict"])
+def test_unnormalized_alibi_matches_the_loop(data, include_self):
+    d = data
+    attn = mf.UnnormalizedALiBiAttention(
+        d["V"], A=d["A"], slope=2.5, include_self=include_self
+    )
+    mu = mf.MaskedParticles(d["x"], d["s"], d["w"])
+
+    def ref(z, zs, y=None):
+        y = z if y is None else y
+        return unnormalized_alibi_numpy(
+            z, zs, y, d["s"], d["w"], d["V"], d["A"], 2.5, include_self
+        )
+
+    np.testing.assert_allclose(attn.velocity(mu), ref(d["x"], d["s"]), **TOL)
+    np.testing.assert_allclose(
+        attn.velocity_at(mu, d["z"], positions=d["zs"]),
+        ref(d["z"], d["zs"], d["x"]),
+        **TOL,
+    )
+    if not include_self:  # the first token sees no key
+        assert np.all(np.asarray(attn.velocity(mu))[0] == 0)
+
+    def velocity(y):
+        return attn.velocity(eqx.tree_at(lambda m: m.x, mu, y))
+
+    _, tangent = jax.jvp(velocity, (jnp.asarray(d["x"]),), (jnp.asarray(d["e"]),))
+    fd = ref(d["x"] + 1j * STEP * d["e"], d["s"]).imag / STEP
+    np.testing.assert_allclose(tangent, fd, **TOL)
+
+
+def test_unnormalized_alibi_on_the_circle_is_the_papers_angle_field(data):
+    # theta_i' = sum_{j<i} W_ij beta sin(theta_j - theta_i) e^{beta cos(theta_i -
+    # theta_j)}, W_ij = e^{-lam (i - j)/n} / sum_{j'<i} e^{-lam (i - j')/n}.
+    n, beta, lam = 12, 1.5, 3.0
+    theta = np.random.default_rng(7).uniform(0, 2 * np.pi, n)
+    x = np.stack([np.cos(theta), np.sin(theta)], 1)
+    attn = mf.UnnormalizedALiBiAttention(
+        beta * np.eye(2), A=beta * np.eye(2), slope=lam, include_self=False
+    )
+    mu = mf.MaskedParticles(x, np.arange(n) / n)
+    tangent = np.asarray(attn.sphere_velocity(mu))
+    speed = tangent[:, 1] * x[:, 0] - tangent[:, 0] * x[:, 1]  # d theta / dt
+    ref = np.zeros(n)
+    for i in range(1, n):
+        W = np.exp(-lam * (i - np.arange(i)) / n)
+        W /= W.sum()
+        for j in range(i):
+            u = theta[i] - theta[j]
+            ref[i] += W[j] * beta * np.sin(-u) * np.exp(beta * np.cos(u))
+    np.testing.assert_allclose(speed, ref, rtol=1e-12, atol=1e-13)
+    # The projection of the field, as `normalization="sphere"` without differences.
+    v = np.asarray(attn.velocity(mu))
+    projected = v - np.sum(v * x, axis=1, keepdims=True) * x
+    np.testing.assert_allclose(tangent, projected, rtol=1e-12, atol=1e-13)

@@ -5,10 +5,14 @@ The `[attention]` table names a registered family (`kind`, any key of
 from its constructor (`inspect.signature`), not from its name: `A` only where the
 constructor takes `A`, `Q`/`K` where it takes them (and by default, as identities,
 where it requires them), `sinkhorn_kernel` -> `kernel`, `sinkhorn_max_iter` ->
-`max_iter`, `blocking` -> `blocking` where taken. Whether a family accepts masked
-(causal) tokens is asked of the family itself: its velocity is traced once, shapes
-only, on two masked tokens. So a newly registered family works in a configuration
-without changes here.
+`max_iter`, `blocking` -> `blocking` where taken; `slope` and `frequencies` only
+for the families that take them (`positional_config`). Whether a family needs,
+refuses or takes token positions (`masked`) is asked of the family itself: its
+velocity is traced once, shapes only, on two tokens. So a newly registered family
+works in a configuration without changes here.
+
+The `[feedforward]` table (`feedforward_config`) adds a token-wise field: the run's
+field is then the block `mf.Block(attention, feedforward)`.
 
 The `[noise]` table adds a Brownian forcing of the tokens (`mf.IndependentNoise`
 or `mf.CommonNoise`, defined with normalization "none" or "sphere"); `solver`,
@@ -19,28 +23,24 @@ instead of the ODE's (Tsit5, 1e-6).
 import inspect
 
 import diffrax as dfx
-import equinox as eqx
 import jax.numpy as jnp
-import numpy as np
 
 from .._attention import FAMILIES
 from .._attention.base import BLOCKING
+from .._block import Block
 from .._dynamics import SOLVERS
-from .._measures import MaskedParticles
 from .._noise import CommonNoise, IndependentNoise
 from .._noisy_solve import SDE_SOLVERS, SDE_TOLERANCE
 from . import config as _config
-from .config import (
-    Key,
-    boolean,
-    choice,
-    integer,
-    is_number,
-    matrix,
-    number,
-    one_of,
-    optional,
-    or_else,
+from .config import Key, boolean, choice, integer, number, one_of, optional, or_else
+from .feedforward_config import FEEDFORWARD, build_feedforward, finish_feedforward
+from .param_config import as_matrix, as_vector, only_for, param
+from .positional_config import (
+    check_positions,
+    frequencies,
+    rename,
+    slope,
+    takes,
 )
 
 INITIALS = ("sphere", "gaussian", "cube")
@@ -74,26 +74,18 @@ KEYWORDS = {
     "sinkhorn_kernel": "kernel",
     "sinkhorn_max_iter": "max_iter",
     "blocking": "blocking",
+    "slope": "slope",
+    "frequencies": "frequencies",
 }
 
 
-def param(rows, cols) -> _config.Check:
-    """A number c (meaning c I) or a matrix of shape (rows, cols) (rows None: any).
-
-    `rows` and `cols` are ints, None, or functions of the values resolved so far.
-    """
-    as_matrix = matrix(rows, cols)
-
-    def check(value, key, cfg):
-        if is_number(value):
-            r = rows(cfg) if callable(rows) else rows
-            c = cols(cfg) if callable(cols) else cols
-            if r is not None and r != c:
-                raise ValueError(f"`{key}` must be a ({r}, {c}) matrix; got a number.")
-            return number()(value, key, cfg)
-        return as_matrix(value, key, cfg)
-
-    return check
+def _families(*keywords: str) -> str:
+    """The families whose constructor takes one of `keywords`, as the docs list them."""
+    return ", ".join(
+        f'`"{kind}"`'
+        for kind in FAMILIES
+        if any(takes(keyword)(kind) for keyword in keywords)
+    )
 
 
 def _d(cfg) -> int:
@@ -215,7 +207,9 @@ SCHEMA: dict = {
         boolean(),
         False,
         doc="Causal attention: token i attends to the tokens j ≤ i (positions "
-        "s_i = i/n); refused for a family that cannot be masked (`sinkhorn`).",
+        "s_i = i/n); refused for a family that cannot be masked (`sinkhorn`), "
+        "required by those that encode positions "
+        f"({_families('slope', 'frequencies')}).",
     ),
     "dtype": Key(
         choice(DTYPES),
@@ -320,7 +314,7 @@ SCHEMA: dict = {
             optional(param(None, _d)),
             doc="Query matrix: a number c for c I, or a k × d matrix; given with "
             "`K`, instead of `A`. Omitted: Q = I where the family needs Q and K "
-            '(`"l2"`, or `sinkhorn_kernel = "l2"`), otherwise unused.',
+            '(`"l2"`, `"rope"`, or `sinkhorn_kernel = "l2"`), otherwise unused.',
         ),
         "K": Key(
             optional(param(_k_rows, _d)),
@@ -345,10 +339,27 @@ SCHEMA: dict = {
             "auto",
             doc='How the n × n interactions are evaluated: `"auto"` (blocked for '
             'large n), `"dense"`, `"blocked"` (memory O(n)) or `"fused"` (one '
-            'GPU kernel; not for `"sinkhorn"`); used by `"softmax"`, `"l2"` and '
-            '`"sinkhorn"`, ignored by the other families.',
+            'GPU kernel; not for `"sinkhorn"` and `"hardmax"`); used by '
+            f"{_families('blocking')}; ignored by the others.",
+        ),
+        "slope": Key(
+            only_for("attention", takes("slope"), slope),
+            doc=f"ALiBi slope of {_families('slope')} (required there, refused "
+            "elsewhere): the score of token i for token j gets −slope (s_i − s_j), "
+            "positions s_i = i/n, so a discrete slope m per token is slope = m n; "
+            "> 0 favours recent tokens. Omitted: only for the other families.",
+        ),
+        "frequencies": Key(
+            only_for("attention", takes("frequencies"), frequencies),
+            doc=f"Rotary frequencies ω of {_families('frequencies')} (required "
+            "there, refused elsewhere): a list of k/2 numbers for the k rows of `Q` "
+            "(k even), or a number ω for every pair; the coordinates (2p, 2p + 1) "
+            "of Q x_i and K x_j turn by ω_p s_i and ω_p s_j (s_i = i/n: a discrete "
+            "frequency θ per token is ω = θ n). Omitted: only for the other "
+            "families.",
         ),
     },
+    "feedforward": FEEDFORWARD,
 }
 
 
@@ -367,7 +378,10 @@ def resolve_config(config: dict | None) -> dict:
     `blowup_radius`, `segments` (checkpoints, >= 1), `cluster_tol` (> 0; default
     automatic), `animation` ("gif" | "mp4" | "none") and an `[attention]` table:
     `kind` (a registered family), `V`, `A` or `Q`/`K` (a number c for c I, or
-    matrices), `sinkhorn_kernel`, `sinkhorn_max_iter`, `blocking`.
+    matrices), `sinkhorn_kernel`, `sinkhorn_max_iter`, `blocking`, `slope`
+    ("alibi"), `frequencies` ("rope"); a `[feedforward]` table: `kind` ("none" |
+    "affine" | "mlp"), `W`, `b` (affine), `W1`, `b1`, `W2`, `b2`, `activation`
+    (mlp).
 
     Args:
         config: the user's configuration (e.g. parsed TOML); None for defaults.
@@ -382,8 +396,13 @@ def resolve_config(config: dict | None) -> dict:
     """
     cfg = _config.resolve(SCHEMA, config)
     cfg["attention"] = _finish_attention(cfg["attention"])
-    if cfg["masked"]:
-        _check_masked(cfg)
+    cfg["feedforward"] = finish_feedforward(cfg["feedforward"])
+    try:  # what only the constructor checks (k even, blocking of the family)
+        attn = build_attention(cfg, jnp.float32)
+    except ValueError as err:
+        names = {"V": "V", **KEYWORDS}
+        raise rename(err, {kw: f"attention.{k}" for k, kw in names.items()}) from err
+    check_positions(attn, cfg)
     return cfg
 
 
@@ -427,13 +446,17 @@ def _finish_attention(att: dict) -> dict:
         and p.kind is not inspect.Parameter.VAR_KEYWORD
         and name not in given
     ]
+    keys = {keyword: key for key, keyword in KEYWORDS.items()}
+    if [name for name in missing if name in keys]:
+        names = [f"`attention.{keys[name]}`" for name in missing if name in keys]
+        raise ValueError(f'`attention.kind` = "{kind}" needs {" and ".join(names)}.')
     if missing:
         raise ValueError(
             f'`attention.kind` = "{kind}" needs {", ".join(missing)}, which the '
             "[attention] table cannot give."
         )
-    # Without the unused of A and Q/K (the manifest shows what the run used).
-    return {k: v for k, v in att.items() if v is not None or k not in ("A", "Q", "K")}
+    # Without the keys the family does not use (the manifest shows what ran).
+    return {k: v for k, v in att.items() if v is not None}
 
 
 def normalization_of(cfg: dict) -> str | None:
@@ -455,13 +478,6 @@ def build_noise(cfg: dict):
     return None if family is None else family(cfg["noise"]["sigma"])
 
 
-def as_matrix(value, d: int) -> np.ndarray:
-    """A resolved matrix parameter: a list of rows as is, a number c as c I_d."""
-    if isinstance(value, list):
-        return np.asarray(value, np.float64)
-    return value * np.eye(d)
-
-
 def build_attention(cfg: dict, dtype):
     """The attention module of a resolved configuration.
 
@@ -481,20 +497,26 @@ def build_attention(cfg: dict, dtype):
         value = att[key]
         if key in ("A", "Q", "K"):
             value = jnp.asarray(as_matrix(value, d), dtype)
+        elif key == "slope":
+            value = jnp.asarray(value, dtype)
+        elif key == "frequencies":  # k/2 of them, k the rows of Q (= d for c I)
+            value = jnp.asarray(as_vector(value, kwargs["Q"].shape[0] // 2), dtype)
         kwargs[keyword] = value
     V = jnp.asarray(as_matrix(att["V"], d), dtype)
     return FAMILIES[att["kind"]](V, **kwargs)
 
 
-def _check_masked(cfg: dict) -> None:
-    """Ask the family whether it takes causal tokens: trace its velocity on two."""
-    attn = build_attention(cfg, jnp.float32)
-    x = jnp.zeros((2, cfg["d"]), jnp.float32)
-    measure = MaskedParticles(x, jnp.array([0.0, 0.5], jnp.float32))
-    try:
-        eqx.filter_eval_shape(lambda a, m: a.velocity(m), attn, measure)
-    except ValueError as err:
-        kind = cfg["attention"]["kind"]
-        raise ValueError(
-            f'`attention.kind` = "{kind}" cannot be `masked`: {err}'
-        ) from err
+def build_field(cfg: dict, dtype):
+    """The velocity field of a run: the attention, or the block with `[feedforward]`.
+
+    Args:
+        cfg: a resolved configuration (`resolve_config`).
+        dtype: dtype of the parameters.
+
+    Returns:
+        `build_attention(cfg, dtype)`, or `mf.Block(attention, feedforward)` when
+        `feedforward.kind` is not "none".
+    """
+    attn = build_attention(cfg, dtype)
+    ff = build_feedforward(cfg, dtype)
+    return attn if ff is None else Block(attn, ff)

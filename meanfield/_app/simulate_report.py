@@ -76,11 +76,12 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
     reached = np.flatnonzero(np.isfinite(np.asarray(sol.ts)))
     final = points[reached[-1]]
     A = cfg["attention"].get("A")
-    # V = I and A positive definite (unmasked softmax in R^d): the limits sit on a
-    # convex polytope (Geshkovski et al., 2023).
+    # V = I and A positive definite (unmasked softmax in R^d, no feed-forward
+    # layer): the limits sit on a convex polytope (Geshkovski et al., 2023).
     on_polytope = (
         kind == "z"
         and not cfg["masked"]
+        and cfg.get("feedforward", {}).get("kind", "none") == "none"
         and cfg["attention"]["kind"] == "softmax"
         and np.array_equal(V, np.eye(d))
         and A is not None
@@ -134,7 +135,11 @@ def run_label(cfg: dict) -> str:
     noise = cfg.get("noise", {"kind": "none"})
     if noise["kind"] != "none":
         mask += f", {noise['kind']} noise σ = {noise['sigma']:g}"
-    return f"{cfg['attention']['kind']}{mask}, n = {cfg['n']} on {where}"
+    field = cfg["attention"]["kind"]
+    feedforward = cfg.get("feedforward", {}).get("kind", "none")
+    if feedforward != "none":
+        field += f" + {feedforward} feed-forward"
+    return f"{field}{mask}, n = {cfg['n']} on {where}"
 
 
 def _figures(cfg: dict, result: Result, output: Output) -> None:

@@ -31,7 +31,7 @@ from .. import _io, _status
 from .._dynamics import Solution, simulate
 from .._measures import MaskedParticles, Particles
 from .._normalization import ON_SPHERE
-from .simulate_config import build_attention, build_noise, normalization_of
+from .simulate_config import build_field, build_noise, normalization_of
 
 #: The checkpoint's file name in the output directory.
 CHECKPOINT = "checkpoint.npz"
@@ -203,7 +203,7 @@ def run_segments(
         The whole run as one `Solution` (save times not reached hold +inf).
     """
     dtype = jnp.dtype(cfg["dtype"])
-    attn = build_attention(cfg, dtype)
+    attn = build_field(cfg, dtype)
     measure = initial_measure(cfg, seed, dtype)
     save_ts = np.linspace(0.0, cfg["t1"], cfg["saves"])
     bounds = segment_bounds(cfg["saves"], cfg["segments"])

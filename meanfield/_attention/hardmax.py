@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from .._custom_types import Param, ParamLike
 from .._kernels import argmax as _argmax
 from .._kernels import dense as _kernels
+from .._linalg import power_of_two_scale
 from .base import (
     QUERY_BLOCKS,
     AbstractAttention,
@@ -77,7 +78,10 @@ class HardmaxAttention(AbstractAttention):
     def _evaluate(self, measure, z, positions, t):
         dtype = _kernels.compute_dtype(z.dtype)
         x, z = measure.x.astype(dtype), z.astype(dtype)
-        q, keys = bilinear_features(self.A, self.Q, self.K, t, z, x)
+        # The selection is invariant under scaling the tokens: features of the
+        # tokens divided by a power of two keep logits of huge tokens finite.
+        c = power_of_two_scale(jnp.concatenate([x, z]), jnp.finfo(dtype).maxexp // 4)
+        q, keys = bilinear_features(self.A, self.Q, self.K, t, z / c, x / c)
         args = (
             q,
             keys,

@@ -6,8 +6,8 @@ S_i = {j visible to i, w_j > 0 : l_ij >= max_j' l_ij' - tol_i},  l_ij = <q_i, k_
 the beta -> inf limit of softmax_j(beta l_ij + log w_j). Ties are logits within
 tol_i of the maximum: `tolerance` gives the rounding bound of a k-term dot product,
 so tokens that coincide share the attention whatever the rounding of their
-logits. Dense (one (m, n) matrix) or blocked (running maximum and running sums,
-O(block_q block_k) memory), like the softmax kernels.
+logits. Dense (one (m, n) matrix) or blocked (a pass for the maxima, a pass for
+the sums, O(block_q block_k) memory).
 """
 
 import jax
@@ -67,11 +67,13 @@ def blocked_average(
     block_q: int = 2048,
     block_k: int = 512,
 ) -> Float[Array, "m dv"]:
-    """`dense_average` in O(block_q block_k) memory.
+    """`dense_average` in O(block_q block_k) memory, with the same ties.
 
-    Each query block scans the key blocks with a running maximum, the running
-    weight of its ties and their running weighted sum of values; a block whose
-    maximum beats the running one by more than the tolerance resets the sums.
+    Each query block scans the key blocks twice: once for the row maxima, once
+    for the weight and weighted sum of values of the keys within the tolerance of
+    them (one pass with a running maximum would keep keys that tie an earlier,
+    slightly lower maximum). Logits cost no exponential, so the second pass
+    costs what the first does.
     """
     m, n = q.shape[0], keys.shape[0]
     block_q, block_k = max(1, min(block_q, m)), max(1, min(block_k, n))
@@ -88,35 +90,38 @@ def blocked_average(
     q_blocks = _pad_rows(q, block_q, 0).reshape(-1, block_q, q.shape[1])
     qp_blocks = _pad_rows(qp, block_q, 0).reshape(-1, block_q)
     tol_blocks = _pad_rows(tol, block_q, 0).reshape(-1, block_q)
+    key_xs = (k_blocks, w_blocks, v_blocks, p_blocks)
 
     @jax.checkpoint
     def one_query_block(args):
         qb, qpb, tolb = args
 
-        def update(carry, kb):
-            run_max, run_w, acc = carry
-            k, w, v, kpb = kb
+        def logits_of(kb):
+            k, w, _, kpb = kb
             logits = qb @ k.T
             visible = _visible(w, qpb if masked else None, kpb, logits.shape)
-            logits = jnp.where(visible, logits, -jnp.inf)
-            new_max = jnp.maximum(run_max, jnp.max(logits, axis=1))
-            keep = (run_max >= new_max - tolb)[:, None]
-            chosen = visible & (logits >= (new_max - tolb)[:, None])
-            coef = jnp.where(chosen, w[None, :], 0)
-            run_w = jnp.where(keep[:, 0], run_w, 0) + jnp.sum(coef, axis=1)
-            acc = jnp.where(keep, acc, 0) + coef @ v.astype(dtype)
-            return (jax.lax.stop_gradient(new_max), run_w, acc), None
+            return jnp.where(visible, logits, -jnp.inf), visible
+
+        def row_max(best, kb):
+            return jnp.maximum(best, jnp.max(logits_of(kb)[0], axis=1)), None
 
         bq = qb.shape[0]
-        init = (
-            jnp.full((bq,), -jnp.inf, dtype),
-            jnp.zeros((bq,), dtype),
-            jnp.zeros((bq, values.shape[1]), dtype),
-        )
-        (_, run_w, acc), _ = jax.lax.scan(
-            update, init, (k_blocks, w_blocks, v_blocks, p_blocks)
-        )
-        return acc / jnp.where(run_w > 0, run_w, 1)[:, None]
+        best, _ = jax.lax.scan(row_max, jnp.full((bq,), -jnp.inf, dtype), key_xs)
+        best = jax.lax.stop_gradient(best)
+
+        def accumulate(carry, kb):
+            total, acc = carry
+            logits, visible = logits_of(kb)
+            chosen = visible & (logits >= (best - tolb)[:, None])
+            coef = jnp.where(chosen, kb[1][None, :], 0)
+            return (
+                total + jnp.sum(coef, axis=1),
+                acc + coef @ kb[2].astype(dtype),
+            ), None
+
+        init = (jnp.zeros((bq,), dtype), jnp.zeros((bq, values.shape[1]), dtype))
+        (total, acc), _ = jax.lax.scan(accumulate, init, key_xs)
+        return acc / jnp.where(total > 0, total, 1)[:, None]
 
     out = jax.lax.map(one_query_block, (q_blocks, qp_blocks, tol_blocks))
     return out.reshape(-1, values.shape[1])[:m]

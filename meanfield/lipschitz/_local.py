@@ -17,6 +17,7 @@ from .._attention.base import AbstractAttention, interaction_matrix, param_at
 from .._attention.norms import meanfield_lipschitz, value_norm
 from .._attention.softmax import SoftmaxAttention
 from .._checks import is_traced, reject_result
+from .._feedforward import AbstractFeedForward
 from .._measures import AbstractParticles, MaskedParticles, Particles
 from .._params import at
 from .._repr import fields_repr
@@ -252,9 +253,11 @@ def local(
     guarantees.
 
     Args:
-        attn: any attention of meanfield (softmax, L2, Sinkhorn, multi-head, ...).
+        attn: any velocity field of meanfield (softmax, L2, Sinkhorn, multi-head,
+            positional, hardmax, ...), a feed-forward field or an `mf.Block`.
         x: tokens X, shape (n, d).
-        positions: s (n,) in [0, 1] for masked attention, else None.
+        positions: s (n,) in [0, 1] for masked attention (needed by the
+            positional families, ALiBi and RoPE), else None.
         weights: (n,) on the simplex for the weighted norm, else None (Euclidean).
         key: PRNG key of the random start; None means `jr.key(0)`.
         t: time at which time-dependent parameters are evaluated.
@@ -359,8 +362,14 @@ def _solve(attn, measure, u0, t, max_iter, tol, rtol, *, method, krylov, weighte
 
 
 def token_dim(attn: AbstractAttention, t=0.0) -> int:
-    """d, read from the value matrix of the first head."""
+    """d, read from the first head: its value matrix, or a feed-forward field's own.
+
+    A feed-forward field (`mf.FeedForward`, `mf.MLP`) has no value matrix; it
+    knows the d its parameters act on.
+    """
     head, _ = attn.flat_heads(t)[0]
+    if isinstance(head, AbstractFeedForward):
+        return head.token_dim(t)
     return int(at(head.V, t).shape[-1])
 
 
@@ -393,7 +402,8 @@ def upper_bound(attn: AbstractAttention, n: int, R: float, *, t=0.0):
         The bound (scalar).
 
     Raises:
-        ValueError: a head without a finite-n bound, n < 1, R <= 0.
+        ValueError: a head without a finite-n bound (positional, hardmax, ...),
+            a feed-forward field (alone or in `mf.Block`), n < 1, R <= 0.
     """
     n, R = _check_size(n, R)
     d = token_dim(attn, t)
@@ -401,10 +411,16 @@ def upper_bound(attn: AbstractAttention, n: int, R: float, *, t=0.0):
     for head, out in attn.flat_heads(t, d):
         growth = head.lipschitz_growth(n, R, t, d)
         if growth is None:
+            name = type(head).__name__
+            got = (
+                f"got a feed-forward field ({name}, alone or in `mf.Block`)"
+                if isinstance(head, AbstractFeedForward)
+                else f"got a {name} head"
+            )
             raise ValueError(
                 "`upper_bound` is proved for softmax attention (heads of "
                 "MultiHeadAttention included) and families that give "
-                f"`lipschitz_growth`; got a {type(head).__name__} head."
+                f"`lipschitz_growth`; {got}, which has no such bound."
             )
         total = total + value_norm(head, t, d, out) * growth
     return total
@@ -425,7 +441,8 @@ def meanfield_bound(attn: AbstractAttention, R: float, *, t=0.0):
         t: time of time-dependent parameters.
 
     Returns:
-        The bound (scalar); +inf for families without one (Sinkhorn, ill-posed).
+        The bound (scalar); +inf for fields without one: Sinkhorn, ill-posed,
+        positional and hardmax attention, feed-forward fields and `mf.Block`.
     """
     _check_size(1, R)
     d = token_dim(attn, t)
