@@ -2,7 +2,8 @@
 
 On mu = N(alpha, Sigma) the field is affine, Gamma(x) = B x + b, so mu(t) stays
 Gaussian with alpha' = B alpha + b and Sigma' = B Sigma + Sigma B^T
-(docs/math/gaussians.md).
+(docs/math/gaussians.md). An affine feed-forward layer F(x) = W x + b adds (W, b) to
+(B, b) (`ffn=`, or an `mf.Block`).
 """
 
 import math
@@ -26,11 +27,12 @@ from .._clock import (
     save_fractions,
     to_t,
 )
+from .._feedforward import FeedForward
 from .._linalg import safe_eigh
 from .._measures import Gaussian
 from .._repr import fields_repr, status_brief
 from .._step_floor import FlooredPIDController, step_floor
-from ._velocity import _affine, check_supported
+from ._velocity import _affine, check_supported, split_ffn, with_ffn
 
 
 class GaussianSolution(eqx.Module):
@@ -173,8 +175,13 @@ def simulate(
     atol: float = 1e-8,
     max_steps: int = 100_000,
     blowup_threshold: float = 1e8,
+    ffn: FeedForward | None = None,
 ) -> GaussianSolution:
     """Solve the moment ODE alpha' = B alpha + b, Sigma' = B Sigma + Sigma B^T.
+
+    With a feed-forward layer F(x) = W_f x + b_f (`ffn`, or `attn` an `mf.Block`)
+    the field is (B + W_f) x + b + b_f: alpha' gains W_f alpha + b_f and Sigma'
+    gains W_f Sigma + Sigma W_f^T (Alcalde, Ji & Zuazua, arXiv 2606.07600).
 
     Computed in float64 when x64 is enabled (whatever the Gaussian's dtype), with
     Dopri8 (8th order: d x d states are cheap, accuracy is not); Sigma is
@@ -185,22 +192,25 @@ def simulate(
     e^{2 int_0^t r}, r the growth rate of a blow-up-free run (`_value_rate`:
     |V| for Sinkhorn and softmax, |V| |Q| / s_min(K) for L2 with K of full column
     rank), so Sinkhorn or full-rank L2 runs that grow exponentially are never
-    flagged. A step size below 100 ulps of max(|t|, 1) at the current t (float32
-    close to t*; the floor does not depend on t1) also ends the solve: as a blow-up
-    when the extrapolated singularity below is within 1000 such steps, else as
-    "failed" (a run too stiff for the dtype). Near a blow-up at t*,
-    lambda_max ~ c (t* - t)^{-p} (p = 1 for softmax, p = 2 for the rank-deficient
-    L2 example of docs/math/gaussians.md); p and t* - t are estimated from
-    lambda, lambda', lambda'' at that point (`_time_to_singularity`) and
-    `blowup_time` is the extrapolated t*.
+    flagged; a feed-forward layer adds |W_f|_2 to r. A step size below 100 ulps
+    of max(|t|, 1) at the current t (float32 close to t*; the floor does not
+    depend on t1) also ends the solve: as a blow-up when the extrapolated
+    singularity below is within 1000 such steps, else as "failed" (a run too
+    stiff for the dtype). Near a blow-up at t*, lambda_max ~ c (t* - t)^{-p}
+    (p = 1 for softmax, p = 2 for the rank-deficient L2 example of
+    docs/math/gaussians.md); p and t* - t are estimated from lambda, lambda',
+    lambda'' at that point (`_time_to_singularity`) and `blowup_time` is the
+    extrapolated t*.
 
     See [The moment ODE][math-gaussian-moment-ode] for the equations,
     [Blow-up detection][math-blowup-gaussian] for the blow-up rule and the extrapolated
-    time, and [The solver clock][math-solver-clock] for the clock the solve runs on.
+    time, [The solver clock][math-solver-clock] for the clock the solve runs on, and
+    [Feed-forward layers][math-gaussian-feedforward] for the feed-forward terms.
 
     Args:
         gauss: initial Gaussian N(alpha0, Sigma0).
-        attn: softmax, L2, Sinkhorn or multi-head attention.
+        attn: softmax, L2, Sinkhorn or multi-head attention, or an `mf.Block` of
+            one with an `mf.FeedForward`.
         t1: final time.
         t0: initial time.
         saveat: save times (T,) in [t0, t1]; None saves t0 and the end of the
@@ -210,13 +220,18 @@ def simulate(
         max_steps: step budget (status "max_steps" when exhausted).
         blowup_threshold: factor by which lambda_max(Sigma) must exceed its
             blow-up-free growth bound lambda_max(Sigma0) e^{2 int r} to stop.
+        ffn: an affine feed-forward layer `mf.FeedForward(W_f, b_f)` (W_f, b_f
+            arrays or functions of t) added to the field, the same as
+            `mf.Block(attn, ffn)`; None for attention alone.
 
     Returns:
         A `GaussianSolution`.
 
     Raises:
-        ValueError: unsupported attention, bad times, threshold or `max_steps`.
+        ValueError: unsupported attention, a non-affine feed-forward (`mf.MLP`:
+            Gaussians do not stay Gaussian), bad times, threshold or `max_steps`.
     """
+    attn = with_ffn(attn, ffn)
     _check(gauss, attn)
     check_finite_times(t0=t0, t1=t1)
     check_tolerances(rtol, atol)
@@ -334,17 +349,24 @@ def _commutes(X, Y, scale) -> bool:
     return bool(np.max(np.abs(X @ Y - Y @ X)) <= 1e-10 * scale)
 
 
-def _closed_form_parts(gauss, attn):
-    """(V, A, M, Sigma0) for the closed-form case; ValueError outside it."""
-    _check(gauss, attn)
+def _closed_form_parts(gauss, attn, ffn=None):
+    """(V, A, M, Sigma0, w) for the closed-form case; ValueError outside it.
+
+    w is the growth rate of the feed-forward matrix W_f = w I + K (K skew), 0
+    without one.
+    """
+    attn, ffn = split_ffn(attn, ffn)
+    _check(gauss, with_ffn(attn, ffn))
     if not isinstance(attn, SoftmaxAttention):
         raise ValueError(
             "the closed form covers softmax attention only; got "
             f"{type(attn).__name__} (use `mf.gaussian.simulate`)."
         )
     params = [attn.V, attn.A, attn.Q, attn.K]
+    if ffn is not None:
+        params += [ffn.W, ffn.b]
     if any(callable(p) for p in params if p is not None):
-        raise ValueError("the closed form needs constant (array) `A` and `V`.")
+        raise ValueError("the closed form needs constant (array) `A`, `V`, `W`, `b`.")
     if is_traced(*[p for p in params if p is not None], gauss.cov):
         raise ValueError("the closed form checks commutation on concrete arrays.")
     d = gauss.dim
@@ -358,25 +380,71 @@ def _closed_form_parts(gauss, attn):
             "the closed form needs V to commute with M = V A + A^T V^T and with "
             "Sigma0 (docs/math/gaussians.md); use `mf.gaussian.simulate`."
         )
-    return V, A, M, S0
+    w = 0.0
+    if ffn is not None:
+        W = np.asarray(ffn.matrices(0.0, d)[0], np.float64)
+        w = float(np.trace(W)) / d
+        K = W - w * np.eye(d)
+        w_scale = max(np.abs(W).max(), 1e-300)
+        skew = np.max(np.abs(K + K.T)) <= 1e-10 * w_scale
+        k_scale = w_scale * max(np.abs(M).max(), np.abs(S0).max(), 1e-300)
+        if not (skew and _commutes(K, M, k_scale) and _commutes(K, S0, k_scale)):
+            raise ValueError(
+                "with `ffn` the closed form needs W = w I + K with K skew, "
+                "commuting with M = V A + A^T V^T and with Sigma0 "
+                "(docs/math/gaussians.md); use `mf.gaussian.simulate`."
+            )
+    return V, A, M, S0, w
 
 
-def blowup_time(gauss: Gaussian, attn: AbstractAttention) -> float:
+def _phi(w, t):
+    """(e^{2 w t} - 1) / (2 w), t at w = 0: P(t) = e^{-2 w t} (Sigma0^{-1} - phi M)."""
+    return t if w == 0 else np.expm1(2 * w * t) / (2 * w)
+
+
+def blowup_time(
+    gauss: Gaussian, attn: AbstractAttention, *, ffn: FeedForward | None = None
+) -> float:
     """Analytic blow-up time of softmax attention in the closed-form case.
 
-    t* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}), M = V A + A^T V^T
+    t0* = 1 / lambda_max(Sigma0^{1/2} M Sigma0^{1/2}), M = V A + A^T V^T
     (docs/math/gaussians.md), or +inf if that eigenvalue is <= 0 (global solution).
 
-    See [The softmax closed form][math-gaussian-closed-form] for the derivation.
+    With a feed-forward layer W_f = w I + K (K skew, commuting with M and Sigma0;
+    d = 1: any w), P = Sigma^{-1} is e^{-2 w t} (Sigma0^{-1} - phi(t) M) with
+    phi(t) = (e^{2 w t} - 1) / (2 w), so t* = log(1 + 2 w t0*) / (2 w), and +inf
+    when w < 0 and 1 + 2 w t0* <= 0 (the feed-forward contracts faster than
+    attention concentrates). b_f plays no part.
+
+    See [The softmax closed form][math-gaussian-closed-form] for the derivation,
+    and [Feed-forward layers][math-gaussian-feedforward] for the feed-forward
+    case.
+
+    Args:
+        gauss: initial Gaussian.
+        attn: `SoftmaxAttention` with constant parameters, or an `mf.Block` of one
+            with an `mf.FeedForward`.
+        ffn: an affine feed-forward layer `mf.FeedForward(W_f, b_f)` with
+            constant arrays, or None.
+
+    Returns:
+        t* (a float, +inf without blow-up).
 
     Raises:
-        ValueError: outside the closed-form case (see `closed_form`).
+        ValueError: outside the closed-form case (see `closed_form`), or a
+            non-affine feed-forward.
     """
-    _, _, M, S0 = _closed_form_parts(gauss, attn)
+    _, _, M, S0, w = _closed_form_parts(gauss, attn, ffn)
     lam, U = np.linalg.eigh(S0)
     root = (U * np.sqrt(lam)) @ U.T
     top = np.linalg.eigvalsh(root @ M @ root)[-1]
-    return float(1 / top) if top > 0 else math.inf
+    if not top > 0:
+        return math.inf
+    tau = 1 / top  # phi(t*) = tau
+    if w == 0:
+        return float(tau)
+    grow = 2 * w * tau
+    return float(np.log1p(grow) / (2 * w)) if grow > -1 else math.inf
 
 
 class ClosedForm(eqx.Module):
@@ -391,7 +459,13 @@ class ClosedForm(eqx.Module):
     cov: np.ndarray
 
 
-def closed_form(gauss: Gaussian, attn: AbstractAttention, ts: ArrayLike) -> ClosedForm:
+def closed_form(
+    gauss: Gaussian,
+    attn: AbstractAttention,
+    ts: ArrayLike,
+    *,
+    ffn: FeedForward | None = None,
+) -> ClosedForm:
     """Exact alpha(t), Sigma(t) for softmax with constant A, V.
 
     See [The softmax closed form][math-gaussian-closed-form] for the derivation
@@ -402,28 +476,41 @@ def closed_form(gauss: Gaussian, attn: AbstractAttention, ts: ArrayLike) -> Clos
     Sigma0 are symmetric and commute pairwise, alpha(t) = e^{tV} (I - t M Sigma0)^{-1/2}
     alpha0; if alpha0 = 0, alpha(t) = 0.
 
+    With a feed-forward layer W_f = w I + K (K skew, commuting with M and Sigma0):
+    Sigma(t) = e^{2 w t} (Sigma0^{-1} - phi(t) M)^{-1}, phi(t) = (e^{2 w t} - 1) / (2 w)
+    ([Feed-forward layers][math-gaussian-feedforward]); the mean is given only when
+    alpha0 = 0 and b_f = 0 (then alpha(t) = 0).
+
     Args:
         gauss: initial Gaussian.
-        attn: `SoftmaxAttention` with constant parameters.
+        attn: `SoftmaxAttention` with constant parameters, or an `mf.Block` of one
+            with an `mf.FeedForward`.
         ts: times (T,), t >= 0.
+        ffn: an affine feed-forward layer `mf.FeedForward(W_f, b_f)` with
+            constant arrays, or None.
 
     Returns:
         `ClosedForm` (NumPy float64 arrays).
 
     Raises:
-        ValueError: outside this case.
+        ValueError: outside this case, or a non-affine feed-forward.
     """
-    V, A, M, S0 = _closed_form_parts(gauss, attn)
+    V, A, M, S0, w = _closed_form_parts(gauss, attn, ffn)
+    attn, ffn = split_ffn(attn, ffn)
     ts = np.asarray(ts, np.float64).reshape(-1)
     d = V.shape[0]
-    t_star = blowup_time(gauss, attn)
+    t_star = blowup_time(gauss, attn, ffn=ffn)
     P0 = np.linalg.inv(S0)
     cov = np.full((ts.size, d, d), np.inf)
     alive = ts < t_star
     for i in np.flatnonzero(alive):
-        cov[i] = np.linalg.inv(P0 - ts[i] * M)
+        cov[i] = np.exp(2 * w * ts[i]) * np.linalg.inv(P0 - _phi(w, ts[i]) * M)
         cov[i] = (cov[i] + cov[i].T) / 2
     alpha0 = np.asarray(gauss.mean, np.float64)
+    if ffn is not None:
+        b_f = np.asarray(ffn.matrices(0.0, d)[1], np.float64)
+        if np.any(alpha0) or np.any(b_f):  # the mean formula needs W_f = 0
+            return ClosedForm(ts=ts, mean=None, cov=cov)
     scale = max(np.abs(A).max(), np.abs(V).max(), np.abs(S0).max(), 1e-300)
     symmetric = all(np.allclose(X, X.T, rtol=0, atol=1e-12 * scale) for X in (V, A))
     commuting = symmetric and all(

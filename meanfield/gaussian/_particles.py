@@ -7,9 +7,11 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._attention.base import AbstractAttention
 from .._dynamics import simulate as simulate_particles
+from .._feedforward import FeedForward
 from .._measures import Gaussian
 from ._ode import GaussianSolution
 from ._ode import simulate as simulate_gaussian
+from ._velocity import with_ffn
 
 
 class ParticleComparison(eqx.Module):
@@ -41,6 +43,7 @@ def compare_particles(
     dtype=None,
     rtol: float = 1e-6,
     atol: float = 1e-6,
+    ffn: FeedForward | None = None,
 ) -> ParticleComparison:
     """Sample n particles from `gauss`, simulate both, compare the moments.
 
@@ -50,7 +53,8 @@ def compare_particles(
 
     Args:
         gauss: initial Gaussian.
-        attn: softmax, L2, Sinkhorn or multi-head attention.
+        attn: softmax, L2, Sinkhorn or multi-head attention, or an `mf.Block` of
+            one with an `mf.FeedForward`.
         n: number of particles.
         ts: comparison times (T,), starting at 0.
         key: PRNG key for the samples.
@@ -58,10 +62,16 @@ def compare_particles(
             enough when the Monte Carlo error (~n^{-1/2}) dominates.
         rtol: particle solver's relative tolerance.
         atol: particle solver's absolute tolerance.
+        ffn: an affine feed-forward layer `mf.FeedForward(W_f, b_f)` added to both
+            (the particles run `mf.Block(attn, ffn)`), or None.
 
     Returns:
         A `ParticleComparison`.
+
+    Raises:
+        ValueError: bad `ts`, or a non-affine feed-forward.
     """
+    attn = with_ffn(attn, ffn)
     ts = jnp.asarray(ts)
     if ts.ndim != 1 or ts.shape[0] == 0:
         raise ValueError(f"`ts` must be a non-empty 1-D array; got shape {ts.shape}.")

@@ -14,14 +14,16 @@ from .. import _status
 from .._attention.base import AbstractAttention
 from .._attention.softmax import SoftmaxAttention
 from .._batching import map_runs
+from .._block import Block
 from .._checks import check_finite_times, check_tolerances
+from .._feedforward import FeedForward
 from .._linalg import safe_eigh
 from .._measures import Gaussian
 from .._queue_solver import OUT_OF_STEPS, STEP_UNDERFLOW, solve_queue
 from . import _frame, _scale_shape
 from ._blowup_study import BlowupStudy
 from ._ode import _value_rate
-from ._velocity import as_batch
+from ._velocity import as_batch, check_ffn, split_ffn, with_ffn
 
 
 def numerical_rank(cov: Float[Array, "d d"], rtol: float) -> Int[Array, ""]:
@@ -45,6 +47,7 @@ def blowup_times(
     slots: int = 256,
     chunk_size: int = 65_536,
     progress: bool = False,
+    ffn: FeedForward | None = None,
 ) -> BlowupStudy:
     """Classify the covariance ODE of a batch of parameter sets (blow-up studies).
 
@@ -81,15 +84,24 @@ def blowup_times(
     "max_steps". A host-side driver (a loop over chunks, NumPy outputs): call it
     outside `jax.jit` and `jax.vmap`.
 
+    A feed-forward layer F(x) = W_f x + b_f (`ffn`, added to every variant, or
+    variants that are `mf.Block(attention, mf.FeedForward)`) adds W_f to B and
+    |W_f|_2 to the growth rate r (Alcalde, Ji & Zuazua, arXiv 2606.07600). Its
+    parameters may be one set shared by every run or a batch of the runs' size;
+    softmax with a feed-forward stays in the scale-shape coordinates (B = V Sigma A
+    + W_f is still affine in Sigma).
+
     See [Studies of many runs][math-blowup-studies] for the coordinates, clocks and
-    passes, and [How a run ends][math-study-outcomes] for the classes.
+    passes, [How a run ends][math-study-outcomes] for the classes, and
+    [Feed-forward layers][math-gaussian-feedforward] for the feed-forward terms.
 
     Args:
         gauss: the initial Gaussian, shared by every run (only its covariance
             matters).
         attns: {variant name: batched attention}, or one batched attention. An
             attention without the batch axis (one parameter set) is a batch of
-            one.
+            one. An `mf.Block(attention, mf.FeedForward)` may batch its two parts
+            separately (one of them unbatched is shared by every run).
         t_max: horizon.
         t0: initial time (for time-dependent parameters).
         rank_rtol: relative eigenvalue threshold of the numerical rank.
@@ -103,6 +115,9 @@ def blowup_times(
         slots: runs stepped together.
         chunk_size: runs per compiled call (bounds memory: the states of one chunk).
         progress: print a progress bar over the chunks (tqdm).
+        ffn: an affine feed-forward layer `mf.FeedForward(W_f, b_f)` added to
+            every variant (one parameter set, or a batch with the runs' leading
+            axis; W_f may be a function of t), or None.
 
     Returns:
         A `BlowupStudy` (NumPy arrays; times and rates in float64).
@@ -110,10 +125,13 @@ def blowup_times(
     Raises:
         ValueError: bad horizon, tolerances or attention; an attention that is
             neither one parameter set nor a batch of them (the message shows how
-            to build a batch).
+            to build a batch); a non-affine feed-forward (`mf.MLP`), in `ffn` or
+            in a block.
     """
+    check_ffn(ffn)
     if not isinstance(attns, Mapping):
         attns = {type(attns).__name__: attns}
+    attns = {name: with_ffn(attn, ffn) for name, attn in attns.items()}
     check_finite_times(t0=t0, t_max=t_max)
     if rtol is None:
         rtol = 1e-8
@@ -180,7 +198,7 @@ def _solve_variants(gauss, attns, settings, *, slots, max_steps, chunk_size, pro
     settings = {key: jnp.asarray(value, dtype) for key, value in settings.items()}
     times, fraction, rank, rate, status, steps = {}, {}, {}, {}, {}, {}
     for name, attn in attns.items():
-        attn, first = as_batch(attn, gauss, name)
+        attn, first = _as_batch_blocks(attn, gauss, name)
         frame_only = _needs_frame(first, t0, cov0.shape[0])
         arrays, static = eqx.partition(attn, eqx.is_array)
         # float32 parameters (JAX's default) are solved as the float64 they equal.
@@ -221,17 +239,47 @@ def _solve_variants(gauss, attns, settings, *, slots, max_steps, chunk_size, pro
     return times, fraction, rank, rate, status, steps
 
 
+def _as_batch_blocks(attn, gauss, name):
+    """`as_batch` for an attention that may be a block of two separate batches.
+
+    A block's attention and feed-forward are batched each on its own (a shared
+    `ffn` has no batch axis while the attentions do); a batch of one is then
+    broadcast to the other's size, so every array leaf has the runs' axis.
+    """
+    if not isinstance(attn, Block):
+        return as_batch(attn, gauss, name)
+    split_ffn(attn, None)  # a clear ValueError for a non-affine feed-forward
+    inner, inner_first = _as_batch_blocks(attn.attention, gauss, name)
+    ff, ff_first = as_batch(attn.feedforward, gauss, name)
+    first = Block(inner_first, ff_first)
+    sizes = {a.shape[0] for a in jax.tree.leaves((inner, ff)) if eqx.is_array(a)}
+    size = max(sizes, default=1)
+    if not sizes <= {1, size}:
+        raise ValueError(
+            f"`attns` ({name!r}): the attention and the feed-forward layer must "
+            f"have the same batch size (or one of them none); got sizes "
+            f"{sorted(sizes)}."
+        )
+
+    def broadcast(a):
+        return jnp.broadcast_to(a, (size, *a.shape[1:])) if eqx.is_array(a) else a
+
+    return jax.tree.map(broadcast, Block(inner, ff)), first
+
+
 def _needs_frame(attn, t0, d) -> bool:
     """Whether a study solves in the orthogonal frame throughout.
 
     See docs/math/blowup.md.
 
-    Softmax's B = V Sigma A is linear in Sigma: the small directions of a huge
-    Sigma barely move it, and the scale-shape coordinates (where they sit in the
-    last digits) serve. Every other head depends on them (L2 through
-    (Sigma^{-1} + 2 K^T K)^{-1}, Sinkhorn through Sigma^{-1}).
+    Softmax's B = V Sigma A is linear in Sigma, and an affine feed-forward's W_f
+    does not depend on it: the small directions of a huge Sigma barely move them,
+    and the scale-shape coordinates (where they sit in the last digits) serve.
+    Every other head depends on them (L2 through (Sigma^{-1} + 2 K^T K)^{-1},
+    Sinkhorn through Sigma^{-1}).
     """
-    return not all(isinstance(h, SoftmaxAttention) for h, _ in attn.flat_heads(t0, d))
+    linear = (SoftmaxAttention, FeedForward)
+    return not all(isinstance(h, linear) for h, _ in attn.flat_heads(t0, d))
 
 
 # The implicit second pass gets max_steps // _IMPLICIT_SHARE steps per run (200 by

@@ -4,6 +4,8 @@ Tilting N(alpha, Sigma) by a kernel that is Gaussian in y gives another Gaussian
 softmax, L2 and Sinkhorn attention map a Gaussian measure to an affine velocity
 field and mu(t) stays Gaussian (Castin, Ablin, Carrillo & Peyre, 2025). Each family
 gives its (B, b) (`AbstractAttention.gaussian_field`); multi-head sums W_h (B_h, b_h).
+An affine feed-forward layer F(x) = W x + b (`mf.FeedForward`, alone as `ffn=` or in
+an `mf.Block`) adds (W, b) (Alcalde, Ji & Zuazua, arXiv 2606.07600).
 """
 
 import functools
@@ -14,7 +16,14 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._attention.base import AbstractAttention
+from .._block import Block
+from .._feedforward import AbstractFeedForward, FeedForward
 from .._measures import Gaussian
+
+_NOT_AFFINE = (
+    "is not affine, so Gaussians do not stay Gaussian; only `mf.FeedForward` "
+    "(F(x) = W x + b) keeps them Gaussian"
+)
 
 
 def _sum_heads(attn, mean, t, field_of):
@@ -26,6 +35,11 @@ def _sum_heads(attn, mean, t, field_of):
     B, b = jnp.zeros((d, d), mean.dtype), jnp.zeros((d,), mean.dtype)
     for head, W in attn.flat_heads(t, d):
         field = field_of(head)
+        if field is None and isinstance(head, AbstractFeedForward):
+            raise ValueError(
+                f"`attn` holds a feed-forward layer of type {type(head).__name__} "
+                f"(in an `mf.Block`): it {_NOT_AFFINE}."
+            )
         if field is None:
             raise ValueError(
                 f"`attn` of type {type(head).__name__} is not supported on Gaussians: "
@@ -61,6 +75,51 @@ def _check_attention(attn) -> None:
         )
 
 
+def check_ffn(ffn) -> None:
+    """ValueError unless `ffn` is None or an affine `mf.FeedForward`."""
+    if ffn is None or isinstance(ffn, FeedForward):
+        return
+    why = f": it {_NOT_AFFINE}" if isinstance(ffn, AbstractFeedForward) else ""
+    raise ValueError(
+        "`ffn` must be None or an affine `mf.FeedForward` (F(x) = W x + b); "
+        f"got {type(ffn).__name__}{why}."
+    )
+
+
+def with_ffn(attn, ffn):
+    """`attn` with the feed-forward field `ffn` added: `Block(attn, ffn)` (or attn).
+
+    The moment ODE sees a block as the attention's heads plus (ffn, None)
+    (`Block.flat_heads`), so both spellings give the same (B, b).
+    """
+    check_ffn(ffn)
+    _check_attention(attn)
+    return attn if ffn is None else Block(attn, ffn)
+
+
+def split_ffn(attn, ffn):
+    """(attention, ffn or None) of `attn` plus `ffn`: a block's affine part split off.
+
+    `mf.Block(attention, FeedForward)` and `(attention, ffn=FeedForward)` are the
+    same field. ValueError for a block with a non-affine feed-forward, or a
+    feed-forward given both ways.
+    """
+    check_ffn(ffn)
+    if isinstance(attn, Block):
+        if not isinstance(attn.feedforward, FeedForward):
+            raise ValueError(
+                "`attn` is an `mf.Block` whose feed-forward layer of type "
+                f"{type(attn.feedforward).__name__} {_NOT_AFFINE}."
+            )
+        if ffn is not None:
+            raise ValueError(
+                "`ffn` given twice: `attn` is an `mf.Block` with its own "
+                "feed-forward layer; pass `ffn=None` or the attention alone."
+            )
+        return attn.attention, attn.feedforward
+    return attn, ffn
+
+
 def check_supported(attn, gauss: Gaussian) -> None:
     """ValueError unless every head of `attn` keeps Gaussians Gaussian.
 
@@ -72,7 +131,11 @@ def check_supported(attn, gauss: Gaussian) -> None:
 
 
 def velocity(
-    gauss: Gaussian, attn: AbstractAttention, t=0.0
+    gauss: Gaussian,
+    attn: AbstractAttention,
+    t=0.0,
+    *,
+    ffn: FeedForward | None = None,
 ) -> tuple[Float[Array, "d d"], Float[Array, " d"]]:
     """The affine velocity field Gamma(x) = B x + b of `attn` on N(mean, cov).
 
@@ -80,26 +143,31 @@ def velocity(
     softmax B = V Sigma A, b = V alpha; L2 (Kim et al.) B = 2 V D Sigma A,
     b = V D alpha with D = (I + 2 Sigma K^T K)^{-1}; Sinkhorn (Sander et al.)
     B = V S^T Sigma^{-1}, b = V alpha - B alpha with S the cross-covariance of the
-    entropic self-coupling; multi-head sums W_h (B_h, b_h).
+    entropic self-coupling; multi-head sums W_h (B_h, b_h). A feed-forward layer
+    F(x) = W_f x + b_f adds (W_f, b_f) (Alcalde, Ji & Zuazua, arXiv 2606.07600).
 
-    See [Gaussians][math-gaussians] for the derivation of each family's field.
+    See [Gaussians][math-gaussians] for the derivation of each family's field and
+    [Feed-forward layers][math-gaussian-feedforward] for the feed-forward part.
 
     Args:
         gauss: the Gaussian measure.
         attn: softmax, L2, Sinkhorn or multi-head attention (parameters may depend
-            on t), or any family that gives `gaussian_field`.
+            on t), any family that gives `gaussian_field`, or an `mf.Block` of one
+            with an `mf.FeedForward`.
         t: time.
+        ffn: an affine feed-forward layer `mf.FeedForward(W_f, b_f)` added to the
+            field (the same as `mf.Block(attn, ffn)`), or None.
 
     Returns:
         (B (d, d), b (d,)).
 
     Raises:
-        ValueError: unsupported attention (masked, unnormalised kernels), or a
-            dimension mismatch.
+        ValueError: unsupported attention (masked, unnormalised kernels), a
+            non-affine feed-forward (`mf.MLP`), or a dimension mismatch.
     """
     if not isinstance(gauss, Gaussian):
         raise ValueError(f"`gauss` must be a `Gaussian`; got {type(gauss).__name__}.")
-    _check_attention(attn)
+    attn = with_ffn(attn, ffn)
     return _affine(attn, gauss.mean, gauss.cov, t)
 
 
