@@ -21,9 +21,11 @@
 #    and how many clusters survive along the sequence.
 # 4. Hardmax attention, the β → ∞ limit of softmax: how fast finite-β
 #    trajectories approach it.
+# 5. An affine feed-forward layer on a Gaussian: the blow-up time against the
+#    layer's growth rate, solved and in closed form.
 #
-# The derivations are in docs/math/transformer-blocks.md, docs/math/positional.md
-# and docs/math/hardmax.md. `SMOKE_TEST=1` runs a small version.
+# The derivations are in docs/math/transformer-blocks.md, docs/math/positional.md,
+# docs/math/hardmax.md and docs/math/gaussians.md. `SMOKE_TEST=1` runs a small version.
 
 # %%
 import os
