@@ -564,3 +564,53 @@ def test_nearly_singular_direction_is_transported(eps, tol):
     rank = jax.vmap(mf.gaussian.numerical_rank, in_axes=(0, None))
     np.testing.assert_array_equal(rank(sol.cov, 1e3 * eps), 1)
     np.testing.assert_array_equal(rank(sol.cov, 1e-3 * eps), 2)
+
+
+def _sinkhorn_field_np(Y, A, V, W):
+    """B + W of Sinkhorn on N(., Y Y^T): V Y X Y^T A + W, X = 2 (I + (I + 4 G)^½)^-1.
+
+    G = M M^T, M = Y^T A Y (docs/math/gaussians.md, Sinkhorn).
+    """
+    from scipy.linalg import sqrtm
+
+    M = Y.T @ A @ Y
+    eye = np.eye(len(Y))
+    X = 2 * np.linalg.inv(eye + np.real(sqrtm(eye + 4 * M @ M.T)))
+    return V @ Y @ X @ Y.T @ A + W
+
+
+def test_stiff_sinkhorn_ffn_runs_match_a_tight_solve():
+    # Runs 22, 89, 133 of benchmarks/gaussian_blowup_ffn.py (d = 2, seed 0): their
+    # complement collapses (|B| ~ 1e5 at t = 5), the explicit frame pass crawls and
+    # they ended "max_steps"; RODAS in the frame now ends them. Reference: LSODA on
+    # Y' = (B + W) Y, Sigma = Y Y^T (Sigma0 = I), rtol 1e-11.
+    d, batch = 2, 1000
+    ka, kv, kw = jr.split(jr.fold_in(jr.key(0), d), 3)
+    As = jr.normal(ka, (batch, d, d)) / np.sqrt(d)
+    Vs = jnp.eye(d)[None] + jr.normal(kv, (batch, d, d)) * np.sqrt(0.1 / d)
+    W = 0.3 * jnp.eye(d) + jr.normal(kw, (d, d)) * np.sqrt(0.1 / d)
+    idx = np.array([22, 89, 133])
+    attns = jax.vmap(lambda A, V: mf.SinkhornAttention(V, A=A))(As[idx], Vs[idx])
+    g = mf.Gaussian(np.zeros(d), np.eye(d))
+    study = mf.gaussian.blowup_times(
+        g, {"s": attns}, 5.0, ffn=mf.FeedForward(W, jnp.ones(d))
+    )
+    assert list(study.status_names("s")) == ["success"] * 3
+    for k, i in enumerate(idx):
+        A, V, Wn = (np.asarray(a) for a in (As[i], Vs[i], W))
+        sol = solve_ivp(
+            lambda t, y, A=A, V=V, Wn=Wn: (
+                _sinkhorn_field_np(y.reshape(d, d), A, V, Wn) @ y.reshape(d, d)
+            ).ravel(),
+            (0.0, 5.0),
+            np.eye(d).ravel(),
+            method="LSODA",
+            rtol=1e-11,
+            atol=1e-14,
+        )
+        assert sol.success
+        Y = sol.y[:, -1].reshape(d, d)
+        S = Y @ Y.T
+        rate = 2 * np.trace(_sinkhorn_field_np(Y, A, V, Wn) @ S) / np.trace(S)
+        # The study's rate at t_max at rtol 1e-8 (measured agreement ~1e-8).
+        np.testing.assert_allclose(study.rate["s"][k], rate, rtol=1e-6)

@@ -6,6 +6,7 @@ Perspective on the Dynamics of Deep Transformers", 2025). Formulas:
 """
 
 from ._blowup_study import BlowupStudy
+from ._classify import numerical_rank
 from ._ode import (
     ClosedForm,
     GaussianSolution,
@@ -14,7 +15,7 @@ from ._ode import (
     simulate,
 )
 from ._particles import ParticleComparison, compare_particles
-from ._study import blowup_times, numerical_rank
+from ._study import blowup_times
 from ._velocity import velocity
 
 __all__ = [
