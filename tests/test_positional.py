@@ -277,3 +277,18 @@ def test_unnormalized_alibi_on_the_circle_is_the_papers_angle_field(data):
     v = np.asarray(attn.velocity(mu))
     projected = v - np.sum(v * x, axis=1, keepdims=True) * x
     np.testing.assert_allclose(tangent, projected, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ensemble_of_masked_systems_matches_one_by_one(data, name):
+    d = data
+    make, _ = _cases(d)[name]
+    attn = make()
+    xs = np.stack([d["x"], d["z"]])
+    systems = jax.vmap(lambda y: mf.MaskedParticles(y, d["s"], d["w"]))(xs)
+    sols = mf.simulate_ensemble(systems, attn, 0.5, normalization="sphere")
+    for b in range(2):
+        one = mf.simulate(
+            mf.MaskedParticles(xs[b], d["s"], d["w"]), attn, 0.5, normalization="sphere"
+        )
+        np.testing.assert_allclose(sols.x[b], one.x, rtol=1e-10, atol=1e-12)
