@@ -41,10 +41,6 @@ _FRAME_SHARE = 4
 # d = 2 L2 ~1e8x, estimated from l' ~ 3 and |B| = O(1)); the implicit pass cannot
 # end them (docs/math/blowup.md).
 _NEAR_STEADY = 1e3
-# Frame-only studies: a run whose pace, after max_steps // _AFTER explicit steps,
-# would not reach t_max or the blow-up threshold within max_steps more goes on
-# with RODAS in the frame (stall rule).
-_AFTER = 8
 
 # The stop rule's codes (> 0 ends a run) and the queue's, as result codes.
 _REACHED, _STATIONARY, _BLOWUP, _OVERFLOW, _STALLED = 1, 2, 3, 4, 5
@@ -128,7 +124,7 @@ def _classify(
             S
         )
 
-    def stop_rule(speed_of, drift_of, resolution, stall=None, after=20):
+    def stop_rule(speed_of, drift_of, resolution, stall=None):
         def stop(y, f, y_prev, f_prev, p, steps):
             ell, t, beta = y[-3], y[-2], y[-1]
             dt_ds = f[-2]
@@ -170,7 +166,7 @@ def _classify(
                 goal = ell0 + beta + log_threshold
                 slow_t = (t - y_prev[-2]) * stall < t_max - t
                 slow_l = (ell - y_prev[-3]) * stall < goal - ell
-                stalled = (steps >= after) & slow_t & slow_l & (code == 0)
+                stalled = (steps >= 20) & slow_t & slow_l & (code == 0)
                 code = jnp.where(stalled, _STALLED, code)
             return jnp.where(ell > big, _OVERFLOW, code).astype(jnp.int32)
 
@@ -240,28 +236,18 @@ def _classify(
         lambda y, a: _frame.log_rate_derivative(y, a, d),
     )
 
-    def unfinished(codes):  # out of steps, or stalled: handed to the next pass
-        return (codes == OUT_OF_STEPS) | (codes == _STALLED)
-
     pick = lambda mask, a, b: jnp.where(  # noqa: E731
         mask.reshape((-1,) + (1,) * (a.ndim - 1)), b, a
     )
 
     if frame_only:
         # B does not grow with Sigma but depends on its small directions: solved
-        # in the frame throughout, with the budget of the explicit pass. A run
-        # whose pace would not end it within that budget (stiff: the frame's
-        # angle relaxes at a rate ~ the spread of Sigma's scales) goes on with
-        # RODAS on the same clock.
+        # in the frame throughout, with the budget of the explicit pass. (An
+        # implicit second pass for the runs it cannot end would double the
+        # compilation of every L2 and Sinkhorn study; see docs/math/blowup.md.)
         out = solve_queue(
             frame_clock,
-            stop_rule(
-                clock_speed,
-                frame_drift,
-                resolution=True,
-                stall=max_steps,
-                after=max_steps // _AFTER,
-            ),
+            stop_rule(clock_speed, frame_drift, resolution=True),
             max_step,
             map_runs(lambda z: _frame.from_scale_shape(z, d), y0),
             params,
@@ -271,23 +257,8 @@ def _classify(
             increment_relative=jnp.arange(_frame.size(d)) == _frame.size(d) - 2,
             **options,
         )
-        handed = unfinished(out.code)
-        redo, ended = retry(
-            frame_clock,
-            stop_rule(clock_speed, frame_drift, resolution=True),
-            out.y,
-            handed,
-            method="rodas4",
-            share=_IMPLICIT_SHARE,
-            slot_share=8,
-        )
-        y, dy, codes = (
-            pick(ended, a, b)
-            for a, b in ((out.y, redo.y), (out.dy, redo.dy), (out.code, redo.code))
-        )
-        code = as_status(codes)
-        steps = out.steps + jnp.where(handed, redo.steps, 0)
-        return (*frame_summary(y, dy, code, arrays), code, steps)
+        code = as_status(out.code)
+        return (*frame_summary(out.y, out.dy, code, arrays), code, out.steps)
 
     # Explicit pass on the rate clock. The runs it cannot end within the budget
     # are typically a huge Sigma on (or near) a rank-deficient steady state: the

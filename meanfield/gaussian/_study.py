@@ -52,9 +52,7 @@ def blowup_times(
     with RODAS (L-stable Rosenbrock, exact Jacobian) on a growth clock
     dt/ds = 1 / sqrt(1 + l'^2), with max_steps // 20 steps, `slots` // 8 at a time; a
     run that pass cannot end either keeps "max_steps". Attentions with a head other
-    than softmax are solved in an orthogonal frame throughout; there a run whose
-    pace after max_steps // 8 steps would not end it within max_steps more goes on
-    with RODAS (max_steps // 20 steps).
+    than softmax are solved in an orthogonal frame throughout.
 
     A run blows up when tr Sigma exceeds blowup_threshold times its blow-up-free
     bound (tr Sigma0 e^{2 int r}, see `mf.gaussian.simulate`) and the singularity
