@@ -29,15 +29,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+# The same attentions as the study without a layer (run from benchmarks/).
+from gaussian_blowup import VARIANTS  # noqa: E402
+
 import meanfield as mf  # noqa: E402
 from meanfield import _io  # noqa: E402
 from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
 
-VARIANTS = {
-    "softmax": lambda A, V: mf.SoftmaxAttention(V, A=A),
-    "l2": lambda A, V: mf.L2Attention(V, Q=A, K=jnp.eye(A.shape[0])),
-    "sinkhorn": lambda A, V: mf.SinkhornAttention(V, A=A),
-}
 W_RATE = 0.3  # w of W = w I + noise
 
 

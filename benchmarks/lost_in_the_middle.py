@@ -21,9 +21,9 @@ The experiment of Duerinckx, Geshkovski & Rossi (arXiv 2605.09213), with their c
   displaced by eps sin(k phi) (reverse-mode derivative of `mf.simulate`).
 
 meanfield times are the second of two identical calls (the first compiles); the
-peer RK4 is timed once (NumPy, no compilation).
+authors RK4 is timed once (NumPy, no compilation).
 
-    python benchmarks/lost_in_the_middle.py [--peer PATH] [--out DIR] [--smoke]
+    python benchmarks/lost_in_the_middle.py [--authors PATH] [--out DIR] [--smoke]
 """
 
 import argparse
@@ -78,7 +78,7 @@ def clusters(n, seed):
     return np.mod(centres[labels] + rng.normal(0.0, 0.075, n), 2 * np.pi), labels
 
 
-def peer_field(beta, lam, n):
+def authors_field(beta, lam, n):
     """Their model, vectorised: theta_i' = sum_{j<i} W_ij K'(theta_i - theta_j).
 
     K(u) = e^{beta cos u}, W_ij = e^{-lam (i - j) / n} / sum_{j' < i} (same).
@@ -94,7 +94,7 @@ def peer_field(beta, lam, n):
     return field
 
 
-def peer_model(beta, lam, include_self=False):
+def authors_model(beta, lam, include_self=False):
     """Their model in meanfield: ALiBi weights normalised, kernel e^{beta cos} not.
 
     Their tokens leave themselves out (include_self=False). The rings of the
@@ -106,13 +106,13 @@ def peer_model(beta, lam, include_self=False):
     )
 
 
-def trajectories(args, peer):
+def trajectories(args, authors):
     """The particle runs: meanfield default/tight, their RK4, their model tight."""
     n, beta, lam, t1 = args.n, 1.0, 1.0, 10.0
     theta0, labels = clusters(n, 17)
     ts = np.linspace(0.0, t1, 41)
     s = np.arange(n) / n  # s_i = i / n: slope lam per unit of s is lam / n per token
-    attn = peer_model(beta, lam)
+    attn = authors_model(beta, lam)
     mu = mf.MaskedParticles(_circle(jnp.asarray(theta0)), s)
 
     def run(field=attn, **kw):
@@ -141,7 +141,7 @@ def trajectories(args, peer):
     sol_soft, t_soft = _warm(lambda: run(softmax))
 
     # Their model, tight: Dopri8 at 1e-12 on the vectorised field.
-    field = peer_field(beta, lam, n)
+    field = authors_field(beta, lam, n)
     solve = jax.jit(
         lambda y0: (
             dfx.diffeqsolve(
@@ -157,19 +157,19 @@ def trajectories(args, peer):
             ).ys
         )
     )
-    peer_ref, t_peer_ref = _warm(lambda: solve(jnp.asarray(theta0)))
-    peer_ref = np.asarray(peer_ref)
+    authors_ref, t_authors_ref = _warm(lambda: solve(jnp.asarray(theta0)))
+    authors_ref = np.asarray(authors_ref)
     rows["angle_field_tight"] = dict(
         model="their angle field, written independently (vectorised JAX)",
         solver="diffrax dopri8 rtol=atol=1e-12",
-        max_error_vs_tight=float(np.abs(_wrap(peer_ref - ref)).max()),
-        wall_s=t_peer_ref,
+        max_error_vs_tight=float(np.abs(_wrap(authors_ref - ref)).max()),
+        wall_s=t_authors_ref,
     )
-    out = dict(ts=ts, theta0=theta0, labels=labels, mf=ref, peer_ref=peer_ref)
-    if peer is not None:
+    out = dict(ts=ts, theta0=theta0, labels=labels, mf=ref, authors_ref=authors_ref)
+    if authors is not None:
         dt = 0.0025
         start = time.perf_counter()
-        times, hist, _, labels_p = peer.simulate(
+        times, hist, _, labels_p = authors.simulate(
             n_tokens=n,
             beta=beta,
             lam=lam,
@@ -178,17 +178,17 @@ def trajectories(args, peer):
             seed=17,
             initial_mode="clusters",
         )
-        t_peer = time.perf_counter() - start
+        t_authors = time.perf_counter() - start
         assert np.array_equal(hist[0], theta0), "their data differs from ours"
         stride = round((ts[1] - ts[0]) / dt)
         hist = hist[::stride]
-        rows["peer_rk4"] = dict(
+        rows["authors_rk4"] = dict(
             model="their model (their script)",
             solver=f"their RK4, dt={dt}",
             max_error_vs_tight=float(np.abs(_wrap(hist - ref)).max()),
-            wall_s=t_peer,
+            wall_s=t_authors,
         )
-        out["peer"] = hist
+        out["authors"] = hist
     rows["softmax_alibi"] = dict(
         model="softmax ALiBi of a Transformer (mf.ALiBiAttention, V = I)",
         solver="tsit5 rtol=atol=1e-6",
@@ -201,7 +201,7 @@ def trajectories(args, peer):
     return rows, out
 
 
-def retrieval(args, peer):
+def retrieval(args, authors):
     """S_t(sigma): their closed form against the linear response of meanfield."""
     beta, lam, t1, m_bins = 1.0, 1.0, 1.0, 8.0
     n_pos, n_ring, modes = args.n_pos, 12, 5
@@ -209,7 +209,7 @@ def retrieval(args, peer):
     s = np.repeat(np.arange(1, n_pos + 1) / n_pos, n_ring)
     ks = np.arange(1, modes + 1)
     basis = jnp.asarray(np.sin(ks[:, None] * phi[None, :]))  # (modes, n_ring)
-    attn = peer_model(beta, lam, include_self=True)
+    attn = authors_model(beta, lam, include_self=True)
 
     def response(theta):
         # The sin(k phi) coefficients of the last ring's displacement at t1. The
@@ -248,28 +248,28 @@ def retrieval(args, peer):
         meanfield_argmin=float(sigma[np.argmin(omega @ g)]),
     )
     curves = dict(sigma=sigma, meanfield=omega @ g)
-    if peer is not None:
-        u = peer.numerology
+    if authors is not None:
+        u = authors.numerology
         fine = np.linspace(0.005, 0.995, 199)
         start = time.perf_counter()
         closed = np.array(
             [u.profile_value(x, beta, t1, lam, m_bins, 20) for x in sigma]
         )
-        rows["peer_wall_s"] = time.perf_counter() - start
-        curves["peer"] = closed
+        rows["authors_wall_s"] = time.perf_counter() - start
+        curves["authors"] = closed
         curves["fine"] = fine
-        curves["peer_fine"] = [
+        curves["authors_fine"] = [
             u.profile_value(x, beta, t1, lam, m_bins, 20) for x in fine
         ]
         rel = np.abs(omega @ g - closed) / closed
         rows["max_rel_diff"] = float(rel.max())
         rows["max_rel_diff_sigma_ge_0.1"] = float(rel[sigma >= 0.1].max())
-        rows["peer_argmin"] = float(fine[np.argmin(curves["peer_fine"])])
-        rows["t_crit_peer"] = u.t_crit(beta, lam, m_bins, 20)
+        rows["authors_argmin"] = float(fine[np.argmin(curves["authors_fine"])])
+        rows["t_crit_authors"] = u.t_crit(beta, lam, m_bins, 20)
     return rows, curves
 
 
-class _Peer:
+class _Authors:
     """Their two scripts, imported from a checkout (their code, unmodified)."""
 
     def __init__(self, path):
@@ -298,13 +298,15 @@ def plot(traj, curves, path):
         title="meanfield: mf.UnnormalizedALiBiAttention",
     )
     ax = axes[1]
-    theirs = traj.get("peer", traj["peer_ref"])
+    theirs = traj.get("authors", traj["authors_ref"])
     for i in range(theirs.shape[1]):
         ax.plot(ts, np.unwrap(np.mod(theirs[:, i], 2 * np.pi)), color=colors[i], lw=0.8)
     ax.set(xlabel="t", title="their model (their RK4)")
     ax = axes[2]
-    if "peer_fine" in curves:
-        ax.plot(curves["fine"], curves["peer_fine"], "k-", lw=1.2, label="closed form")
+    if "authors_fine" in curves:
+        ax.plot(
+            curves["fine"], curves["authors_fine"], "k-", lw=1.2, label="closed form"
+        )
     ax.plot(
         curves["sigma"],
         curves["meanfield"],
@@ -327,18 +329,18 @@ def plot(traj, curves, path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--peer", default=None, help="their checkout (or a script in it)"
+        "--authors", default=None, help="the authors' checkout (or a script in it)"
     )
     parser.add_argument("--out", default="out/lost_in_the_middle")
     parser.add_argument("--smoke", action="store_true", help="n = 16, 16 positions")
     args = parser.parse_args()
     args.n, args.n_pos = (16, 16) if args.smoke else (64, 64)
-    peer = None if args.peer is None else _Peer(args.peer)
+    authors = None if args.authors is None else _Authors(args.authors)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    traj_rows, traj = trajectories(args, peer)
-    prof_rows, curves = retrieval(args, peer)
+    traj_rows, traj = trajectories(args, authors)
+    prof_rows, curves = retrieval(args, authors)
     device = jax.devices()[0].platform
     write_manifest(
         out / f"lost_in_the_middle_{device}.json",
