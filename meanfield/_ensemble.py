@@ -17,12 +17,16 @@ import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
 
+from . import _ensemble_queue
 from ._attention.base import AbstractAttention
 from ._checks import check_finite_times, is_traced
-from ._dynamics import Solution, simulate
+from ._dynamics import Solution, resolve_solve, simulate
 from ._measures import AbstractParticles
 from ._noise import AbstractNoise
 from ._simulate_inputs import check_noise, check_start, is_integer
+
+#: How `simulate_ensemble` schedules its systems.
+SCHEDULINGS = ("auto", "queue", "vmap")
 
 
 def _leading(tree) -> set[int]:
@@ -43,6 +47,7 @@ def simulate_ensemble(
     reduce: Callable[[Solution], Any] | None = None,
     noise: AbstractNoise | None = None,
     key: jax.Array | None = None,
+    scheduling: str = "auto",
     **options,
 ) -> Any:
     """Solve B independent particle systems: one `simulate` per system, vmapped.
@@ -78,6 +83,15 @@ def simulate_ensemble(
             Brownian path of `jax.random.split(key, B)[b]`, so the members are
             independent, and each equals its own `simulate(..., key=that key)`
             whatever `chunk_size` is.
+        scheduling: how the systems share the compiled solve. "queue": a work
+            queue of slots, each slot one system's own adaptive solve, a slot
+            that reaches t1 taking the next system ([ensembles of small
+            systems][math-ensemble-queue]); "vmap": every system of a chunk
+            steps in lockstep (a vmapped `simulate`); "auto": "queue" where it
+            applies (n <= 256 tokens, no noise, an adaptive solver among
+            "tsit5", "dopri5", "dopri8", no `dt0`, `adjoint` or `progress`),
+            else "vmap". Both give each system its own `simulate`'s result to
+            the solver's tolerance.
         **options: any keyword of `mf.simulate` (saveat, solver, rtol, atol, dt0,
             max_steps, normalization, blowup_radius, t0), shared by all systems.
 
@@ -144,6 +158,21 @@ def simulate_ensemble(
         (key, tuple(np.asarray(v).tolist()) if np.ndim(v) > 0 else v)
         for key, v in sorted(options.items())
     )
+    # Small systems without noise: a work queue of slots (`_ensemble_queue`).
+    if scheduling not in SCHEDULINGS:
+        raise ValueError(
+            f"`scheduling` must be one of {SCHEDULINGS}; got {scheduling!r}."
+        )
+    queueable = not is_traced(measures.x) and _ensemble_queue.applies(
+        measures, noise, options
+    )
+    if scheduling == "queue" and not queueable:
+        raise ValueError(
+            '`scheduling="queue"` needs n <= 256 tokens, no noise, an adaptive '
+            'solver among "tsit5", "dopri5", "dopri8", and no `dt0`, `adjoint` '
+            'or `progress`; use "auto" or "vmap".'
+        )
+    queued = queueable and scheduling != "vmap"
     count = 1 if chunk_size is None else math.ceil(size / int(chunk_size))
     width = math.ceil(size / count)
     starts = range(0, size, width)
@@ -158,16 +187,27 @@ def simulate_ensemble(
             lambda a: a[idx] if eqx.is_array(a) else a, tree
         )
         try:
-            chunk = _solve_chunk(
-                take(measures),
-                take(attn) if batched_attention else attn,
-                take(noise) if batched_noise else noise,
-                take(keys),
-                t1,
-                (batched_attention, batched_noise),
-                static_options,
-                reduce,
-            )
+            if queued:
+                chunk = _solve_queued(
+                    take(measures),
+                    take(attn) if batched_attention else attn,
+                    batched_attention,
+                    t1,
+                    options,
+                    static_options,
+                    reduce,
+                )
+            else:
+                chunk = _solve_chunk(
+                    take(measures),
+                    take(attn) if batched_attention else attn,
+                    take(noise) if batched_noise else noise,
+                    take(keys),
+                    t1,
+                    (batched_attention, batched_noise),
+                    static_options,
+                    reduce,
+                )
         except (ValueError, TypeError) as err:
             # Leading size k != B on every leaf: a batch of the wrong size?
             looks_batched = inferred and not batched_attention and len(sizes) == 1
@@ -196,6 +236,54 @@ def _works_shared(attn, measures) -> bool:
     return True
 
 
+def _solve_queued(measures, attn, batched_attention, t1, options, static, reduce):
+    """A chunk through the work queue; systems it hands back go to `_solve_chunk`."""
+
+    def redo(index):
+        # Padded to a power of two: few distinct compilations.
+        padded = np.resize(index, 1 << math.ceil(math.log2(index.size)))
+        sol = _solve_chunk(
+            _take(measures, padded),
+            _take(attn, padded) if batched_attention else attn,
+            None,
+            None,
+            t1,
+            (batched_attention, False),
+            static,
+            None,
+        )
+        return _take(sol, np.arange(index.size))
+
+    sol = _ensemble_queue.solve(
+        measures, attn, batched_attention, t1, options, resolve_solve, redo
+    )
+    return sol if reduce is None else _reduce(reduce, sol)
+
+
+def _take(tree, index):
+    return jax.tree.map(lambda a: a[index] if eqx.is_array(a) else a, tree)
+
+
+@eqx.filter_jit
+def _reduce(reduce, sol):
+    out = reduce(sol)
+    _check_reduced(out, sol.x.shape[0])
+    return out
+
+
+def _check_reduced(out, width):
+    """Raise unless every output leaf has the batch axis (size `width`) first."""
+    # Checked while tracing, before anything runs: chunks are cut and joined
+    # along the first axis of every output leaf.
+    shapes = [jnp.shape(a) for a in jax.tree.leaves(out)]
+    if not shapes or any(not shape or shape[0] != width for shape in shapes):
+        raise ValueError(
+            "`reduce` must return a pytree of arrays with the batch axis first "
+            f"(leading size {width}, the systems of a chunk); got leaves of shapes "
+            f"{shapes}."
+        )
+
+
 @eqx.filter_jit
 def _solve_chunk(measures, attn, noise, keys, t1, batched, options, reduce):
     """One compiled vmap of `simulate` over a chunk of systems, then `reduce`.
@@ -212,14 +300,5 @@ def _solve_chunk(measures, attn, noise, keys, t1, batched, options, reduce):
     if reduce is None:
         return sol
     out = reduce(sol)
-    # Checked while tracing, before anything runs: chunks are cut and joined
-    # along the first axis of every output leaf.
-    width = measures.x.shape[0]
-    shapes = [jnp.shape(a) for a in jax.tree.leaves(out)]
-    if not shapes or any(not shape or shape[0] != width for shape in shapes):
-        raise ValueError(
-            "`reduce` must return a pytree of arrays with the batch axis first "
-            f"(leading size {width}, the systems of a chunk); got leaves of shapes "
-            f"{shapes}."
-        )
+    _check_reduced(out, measures.x.shape[0])
     return out

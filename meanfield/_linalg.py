@@ -50,6 +50,53 @@ def _row_scales(top: Float[Array, "..."]) -> tuple[Array, Array]:
     return as_float(down), as_float(2 * bias - down)
 
 
+#: Last axes up to this length are reduced slice by slice (`last_axis_sum`).
+UNROLL = 8
+
+
+def last_axis_sum(a: Float[Array, "... d"], keepdims: bool = False) -> Array:
+    """Sum over the last axis; for a short axis (d <= UNROLL) slice by slice.
+
+    XLA's CPU reduction over a minor axis of 2 or 3 elements costs about as much
+    as an n x n pass; written as d - 1 additions of slices it fuses with its
+    producers and vectorises over the other axes.
+    """
+    d = a.shape[-1]
+    if d == 0 or d > UNROLL:
+        return jnp.sum(a, axis=-1, keepdims=keepdims)
+    total = a[..., 0:1]
+    for k in range(1, d):
+        total = total + a[..., k : k + 1]
+    return total if keepdims else total[..., 0]
+
+
+def _last_axis_max(a: Float[Array, "... d"]) -> Float[Array, "... 1"]:
+    d = a.shape[-1]
+    if d == 0 or d > UNROLL:
+        return jnp.max(a, axis=-1, keepdims=True)
+    top = a[..., 0:1]
+    for k in range(1, d):
+        top = jnp.maximum(top, a[..., k : k + 1])
+    return top
+
+
+def matmul_small(x: Float[Array, "... d"], M: Float[Array, "k d"]) -> Array:
+    """The product x Mᵀ; for d <= UNROLL as d broadcast products.
+
+    Batched products with a contraction of 2 or 3 run one small matrix product
+    per batch member on XLA's CPU backend; the broadcast form fuses (see
+    `last_axis_sum`).
+    """
+    d = M.shape[-1]
+    if d == 0 or d > UNROLL:
+        return x @ M.T
+    column = lambda k: M[:, k].reshape((1,) * (x.ndim - 1) + (-1,))  # noqa: E731
+    out = x[..., 0:1] * column(0)
+    for k in range(1, d):
+        out = out + x[..., k : k + 1] * column(k)
+    return out
+
+
 def row_norms(x: Float[Array, "... d"], keepdims: bool = False) -> Float[Array, "..."]:
     """Euclidean norms along the last axis, finite for every finite x.
 
@@ -57,9 +104,10 @@ def row_norms(x: Float[Array, "... d"], keepdims: bool = False) -> Float[Array, 
     float32); each row with an entry above 1 is divided by a power of two near
     its largest entry first (exact), other rows are left as they are.
     """
-    top = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+    top = _last_axis_max(jnp.abs(x))
     down, up = _row_scales(top)
-    norms = jnp.linalg.norm(x * down, axis=-1, keepdims=True) * up
+    scaled = x * down
+    norms = jnp.sqrt(last_axis_sum(scaled * scaled, keepdims=True)) * up
     return norms if keepdims else norms[..., 0]
 
 

@@ -20,7 +20,7 @@ normalised schemes give it velocity 0 there.
 import equinox as eqx
 import jax.numpy as jnp
 
-from ._linalg import row_norms
+from ._linalg import last_axis_sum, row_norms
 
 NORMALIZATIONS = (None, "sphere", "pre-ln", "peri-ln", "ngpt")
 #: Schemes whose tokens stay on the unit sphere.
@@ -39,7 +39,7 @@ def _unit(v):
 
 
 def _project(theta, v):
-    return v - jnp.sum(theta * v, axis=-1, keepdims=True) * theta
+    return v - last_axis_sum(theta * v, keepdims=True) * theta
 
 
 def velocity(attn, measure, x, t, normalization, alpha):

@@ -149,7 +149,7 @@ def test_phase_memory_check_names_the_key_to_lower():
     assert every == 8 * 20 * (2 * 64 * 2 + 64 + 2 * 4 + 31)
     assert chunk == 8 * 20 * 64 * (31 * 2 + 64)  # a chunk of all 20 systems
     check_memory(cfg, every + chunk)  # fits exactly
-    with pytest.raises(ValueError, match=r"^`chunk_size` = 4096 needs at least"):
+    with pytest.raises(ValueError, match=r"^`chunk_size` = 16384 needs at least"):
         check_memory(cfg, every + chunk - 1)  # a smaller chunk would fit
     with pytest.raises(ValueError, match=r"^`systems` = 10 needs at least"):
         check_memory(cfg, every)  # not even a chunk of one system fits

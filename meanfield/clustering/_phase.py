@@ -33,6 +33,7 @@ from .._repr import fields_repr
 from .._status import SUCCESS
 
 ATTENTIONS = ("softmax", "unnormalized")
+DTYPES = ("float32", "float64")
 # Systems x saves x n^2 Gram entries held at once by pair_alignment.
 _GRAM_ENTRIES = 1 << 22
 
@@ -199,10 +200,11 @@ def phase_diagram(
     eps: float = 1e-3,
     rtol: float | None = None,
     atol: float | None = None,
-    chunk_size: int = 4096,
+    chunk_size: int = 16384,
     progress: bool = False,
     noise: AbstractNoise | None = None,
     noise_key: Array | None = None,
+    dtype: str | None = None,
     **options,
 ) -> PhaseDiagram:
     """Clustering phase diagram: pair alignment over beta and t.
@@ -214,11 +216,12 @@ def phase_diagram(
     inside the chunk's compiled program (`reduce`): memory O(chunk_size T n^2)
     besides the initial tokens, and every chunk runs the same program.
 
-    The default tolerance rtol = atol = 1e-5 keeps the integration error of the
-    density below its Monte Carlo error: against solves at 1e-10 it was 5.5e-5
-    and 3.3e-4 on two sets of 6 betas x 256 systems, while the standard error of
-    a mean over 2048 systems is 1.8e-3 (median over beta and t;
-    docs/math/clusters.md).
+    The default tolerance rtol = atol = 1e-5 and float32 keep the integration
+    error of the density within 1e-4 of a float64 solve at 1e-10, far below its
+    Monte Carlo error (the standard error of a mean over 2048 systems is
+    1.8e-3; [The tolerance of a diagram][math-phase-tolerance]). Without noise
+    the systems go through `mf.simulate_ensemble`'s work queue (each system its
+    own adaptive solve, a finished system handing its slot to the next one).
 
     With `noise` every system is a noisy `mf.simulate` (`mf.simulate_ensemble`
     with `noise=`): system s of the k-th beta, member b = k * systems + s, runs
@@ -249,12 +252,17 @@ def phase_diagram(
         rtol: the solver's relative tolerance; None: 1e-5 without noise,
             `mf.simulate`'s default with noise (1e-3).
         atol: the solver's absolute tolerance; None as `rtol`.
-        chunk_size: systems per compiled call (bounds memory).
+        chunk_size: systems per compiled call (bounds memory: the saves of a
+            chunk, chunk_size x T x n x d numbers, are held at once).
         progress: progress bar over the chunks (`simulate_ensemble`'s).
         noise: None, or one noise for every system (`mf.IndependentNoise(sigma)`,
             `mf.CommonNoise(sigma)`; normalization None or "sphere").
         noise_key: PRNG key of the Brownian paths (see above); None:
             `jax.random.fold_in(key, 1)`. Only with `noise`.
+        dtype: "float32" or "float64", the solves' arithmetic; None: float32
+            without noise (within 1e-4 of the tight reference, see above), the
+            default float type with noise. The initial tokens are drawn in the
+            default float type and then rounded, so both see the same tokens.
         **options: forwarded to `mf.simulate` (solver, dt0, max_steps, ...).
 
     Returns:
@@ -262,7 +270,8 @@ def phase_diagram(
 
     Raises:
         ValueError: unknown attention, non-positive betas, n < 2, d < 1,
-            systems < 1, chunk_size < 1, heads not dividing d, `noise_key`
+            systems < 1, chunk_size < 1, heads not dividing d, an unknown
+            dtype (or "float64" without `jax_enable_x64`), `noise_key`
             without `noise`, a noise `mf.simulate` refuses (another
             normalization, an ODE-only solver).
     """
@@ -282,6 +291,15 @@ def phase_diagram(
             raise ValueError(f"`{label}` must be an integer >= {low}; got {value}.")
     if d % heads:
         raise ValueError(f"`heads` must divide d = {d}; got heads = {heads}.")
+    if dtype is None:
+        dtype = "float32" if noise is None else jnp.result_type(float).name
+    if dtype not in DTYPES:
+        raise ValueError(f"`dtype` must be one of {DTYPES}; got {dtype!r}.")
+    if dtype == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(
+            '`dtype="float64"` needs 64-bit JAX: jax.config.update("jax_enable_x64", '
+            "True) before any array is created."
+        )
     ts = np.linspace(0.0, t1, 31) if saveat is None else np.asarray(saveat, np.float64)
     key = jr.key(0) if key is None else key
     if noise is None and noise_key is not None:
@@ -293,9 +311,8 @@ def phase_diagram(
         rtol = 1e-5 if noise is None else SDE_TOLERANCE
     if atol is None:
         atol = 1e-5 if noise is None else SDE_TOLERANCE
-    dtype = jnp.result_type(float)
-    x = jr.normal(key, (betas.size * systems, n, d), dtype)
-    x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    x = jr.normal(key, (betas.size * systems, n, d), jnp.result_type(float))
+    x = (x / jnp.linalg.norm(x, axis=-1, keepdims=True)).astype(dtype)
     if masked:
         positions = jnp.broadcast_to(jnp.arange(n, dtype=dtype) / n, x.shape[:2])
         measures = jax.vmap(MaskedParticles)(x, positions)
