@@ -1,22 +1,28 @@
-"""Clustering phase diagram: meanfield against the peers' explicit Euler scheme.
+"""Clustering phase diagram: meanfield against explicit Euler, and against its floor.
 
 The grid of Geshkovski, Letrouit, Polyanskiy & Rigollet: n = 32 tokens uniform
 on S^1 (d = 2), `systems` systems per beta, A = beta I, V = I, the sphere
-dynamics, t <= 30, 31 saves. The peers solve it with explicit Euler, dt = 0.1,
-renormalising the tokens after every step; here that scheme runs batched in
-float64 NumPy on a slice of the grid, beside `mf.clustering.phase_diagram` at its
-defaults, and both are compared with a tight meanfield solve (rtol = atol =
-1e-10) of the same tokens: the largest token error at the saves and the largest
-error of the merged-pair fraction (the diagram's value).
+dynamics, t <= 30, 31 saves. Public reference scripts solve it with explicit
+Euler, dt = 0.1, renormalising the tokens after every step; here that scheme
+runs batched in float64 NumPy on a slice of the grid, beside
+`mf.clustering.phase_diagram` at its defaults (work queue, float32) and with
+lockstep scheduling in float64 (`scheduling="vmap"`, `dtype="float64"`,
+`chunk_size=4096`), and all are compared with a tight solve (Dopri8, rtol =
+atol = 1e-10, float64) of the same tokens: the largest token error at the saves
+and the largest error of the merged-pair fraction (the diagram's value).
+
+The floor: every attempted Tsit5 step evaluates the field 6 times (plus one
+evaluation at the start), each n^2 exponentials; at the float32 exp rate
+measured in the same run (`meanfield._app.bench_machine.measure_floor`) those
+exponentials alone take `floor_s`, and `floor_fraction` = floor_s / wall.
 
     python benchmarks/phase_diagram.py [--betas 6] [--systems 2048]
         [--check 256] [--full] [--out DIR]
 
---full also times the whole grid (90 betas in [0.1, 9]).
+--full also times the whole grid (90 betas in [0.1, 9]) both ways.
 """
 
 import argparse
-import inspect
 import platform
 import time
 from pathlib import Path
@@ -35,7 +41,9 @@ import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
 from meanfield import _io  # noqa: E402
+from meanfield._app.bench_machine import measure_floor  # noqa: E402
 from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield._app.phase_report import ODE_TOLERANCE  # noqa: E402
 
 N, D, T1, SAVES = 32, 2, 30.0, 31
 KEY = jr.key(0)
@@ -65,8 +73,10 @@ def euler(x, betas, dt=0.1):
 
 
 def ensemble(x, betas, **options):
-    attn = jax.vmap(lambda b: mf.SoftmaxAttention(jnp.eye(D), A=b * jnp.eye(D)))(
-        jnp.asarray(betas)
+    dtype = x.dtype
+    eye = jnp.eye(D, dtype=dtype)
+    attn = jax.vmap(lambda b: mf.SoftmaxAttention(eye, A=b * eye))(
+        jnp.asarray(betas, dtype)
     )
     sol = mf.simulate_ensemble(
         jax.vmap(mf.Particles)(jnp.asarray(x)),
@@ -76,18 +86,41 @@ def ensemble(x, betas, **options):
         normalization="sphere",
         **options,
     )
-    return np.asarray(sol.x)
+    return np.asarray(sol.x, np.float64)
+
+
+#: The lockstep float64 scheduling (`phase_diagram`'s options).
+LOCKSTEP = dict(scheduling="vmap", dtype="float64", chunk_size=4096)
+#: Field evaluations per attempted Tsit5 step (FSAL: 7 stages, one reused).
+STAGES = 6
+
+
+def timed(betas, systems, exp_rate, **options):
+    """Warm wall time of a diagram, its exponentials and the floor's fraction."""
+    out = {}
+    for attempt in ("first_call_s", "wall_s"):
+        start = time.perf_counter()
+        diagram = mf.clustering.phase_diagram(
+            betas, n=N, d=D, systems=systems, t1=T1, key=KEY, **options
+        )
+        out[attempt] = time.perf_counter() - start
+    evaluations = systems * np.sum(1 + STAGES * diagram.mean_steps)
+    out["mean_steps"] = float(diagram.mean_steps.mean())
+    out["exponentials"] = float(evaluations * N * N)
+    out["floor_s"] = out["exponentials"] / exp_rate
+    out["floor_fraction"] = out["floor_s"] / out["wall_s"]
+    return out, diagram
 
 
 def run(n_betas, systems, check, full):
     betas = np.linspace(0.1, 9.0, n_betas)
     row = dict(n=N, d=D, t1=T1, saves=SAVES, betas=betas.tolist(), systems=systems)
-    for attempt in ("first_call_s", "meanfield_s"):
-        start = time.perf_counter()
-        diagram = mf.clustering.phase_diagram(
-            betas, n=N, d=D, systems=systems, t1=T1, key=KEY
-        )
-        row[attempt] = time.perf_counter() - start
+    floor = measure_floor()
+    row["exp_per_second"] = floor["exp_per_second"]
+    after, diagram = timed(betas, systems, floor["exp_per_second"])
+    before, lockstep = timed(betas, systems, floor["exp_per_second"], **LOCKSTEP)
+    row["queue_float32"], row["lockstep_float64"] = after, before
+    row["meanfield_s"], row["first_call_s"] = after["wall_s"], after["first_call_s"]
     x0 = tokens(n_betas * systems)
     per_system = np.repeat(betas, systems)
     start = time.perf_counter()
@@ -95,27 +128,33 @@ def run(n_betas, systems, check, full):
     row["euler_s"] = time.perf_counter() - start
     # Errors on `check` systems per beta against a tight solve of the same tokens.
     pick = (np.arange(n_betas)[:, None] * systems + np.arange(check)).ravel()
-    ref = ensemble(x0[pick], per_system[pick], rtol=1e-10, atol=1e-10)
-    # The same solves as the diagram's: its default tolerances.
-    defaults = inspect.signature(mf.clustering.phase_diagram).parameters
-    tol = {k: defaults[k].default for k in ("rtol", "atol")}
+    ref = ensemble(x0[pick], per_system[pick], rtol=1e-10, atol=1e-10, solver="dopri8")
+    # The same solves as the diagram's: its tolerance without noise, in float32.
+    tol = dict(rtol=ODE_TOLERANCE, atol=ODE_TOLERANCE)
     row.update(tol)
-    ours = ensemble(x0[pick], per_system[pick], **tol)
+    ours = ensemble(x0[pick].astype(np.float32), per_system[pick], **tol)
     align = lambda x: np.asarray(mf.clustering.pair_alignment(x)).reshape(  # noqa: E731
         n_betas, check, SAVES
     )
     ref_density = align(ref).mean(axis=1)
-    for name, x in (("meanfield", ours), ("euler", peer[pick])):
+    lock = ensemble(x0[pick], per_system[pick], scheduling="vmap", **tol)
+    for name, x in (("meanfield", ours), ("lockstep", lock), ("euler", peer[pick])):
         row[f"{name}_max_token_error"] = float(np.max(np.abs(x - ref)))
         row[f"{name}_max_density_error"] = float(
             np.max(np.abs(align(x).mean(axis=1) - ref_density))
         )
     row["density"] = diagram.density.tolist()
+    # The two schedulings' diagrams on the whole slice (every system).
+    row["lockstep_vs_queue_max_density_difference"] = float(
+        np.max(np.abs(diagram.density - lockstep.density))
+    )
     if full:
         grid = np.linspace(0.1, 9.0, 90)
-        start = time.perf_counter()
-        mf.clustering.phase_diagram(grid, n=N, d=D, systems=2048, t1=T1, key=KEY)
-        row["full_grid_s"] = time.perf_counter() - start
+        rate = floor["exp_per_second"]
+        row["full_grid"] = dict(
+            queue_float32=timed(grid, 2048, rate)[0],
+            lockstep_float64=timed(grid, 2048, rate, **LOCKSTEP)[0],
+        )
     print({k: v for k, v in row.items() if k != "density"}, flush=True)
     return row, diagram
 
@@ -123,8 +162,15 @@ def run(n_betas, systems, check, full):
 def plot(row, diagram, path):
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     mf.plotting.plot_phase_diagram(diagram, ax=left)
-    names = ["meanfield", "euler"]
-    right.bar(names, [row["meanfield_s"], row["euler_s"]], color=["C0", "C1"])
+    names = ["meanfield", "lockstep", "euler"]
+    row = {**row, "lockstep_s": row["lockstep_float64"]["wall_s"]}
+    right.bar(
+        ["queue, float32", "lockstep, float64", "explicit Euler"],
+        [row[f"{name}_s"] for name in names],
+        color=["C0", "C2", "C1"],
+    )
+    right.axhline(row["queue_float32"]["floor_s"], color="k", ls=":", label="exp floor")
+    right.legend(loc="upper left", fontsize="small")
     for i, name in enumerate(names):
         right.annotate(
             f"token error {row[f'{name}_max_token_error']:.1e}\n"

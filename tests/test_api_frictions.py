@@ -200,6 +200,7 @@ def test_the_other_figures_take_their_results():
         density=np.linspace(0.0, 1.0, 8).reshape(2, 4),
         one_cluster=np.zeros((2, 4)),
         completed=np.ones(2),
+        mean_steps=np.full(2, 20.0),
         n=8,
         eps=1e-3,
     )

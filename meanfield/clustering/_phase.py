@@ -128,6 +128,7 @@ class PhaseDiagram(eqx.Module):
             system that stopped early counts as not in one cluster.
         completed: fraction of systems whose solve reached t1 with status
             "success" (K,); 1 unless a solve blew up or ran out of steps.
+        mean_steps: mean number of attempted solver steps per system (K,).
         n: tokens per system.
         eps: the alignment tolerance.
     """
@@ -137,6 +138,7 @@ class PhaseDiagram(eqx.Module):
     density: np.ndarray
     one_cluster: np.ndarray
     completed: np.ndarray
+    mean_steps: np.ndarray
     n: int = eqx.field(static=True)
     eps: float = eqx.field(static=True)
 
@@ -180,8 +182,8 @@ def head_attention(beta, d: int, attention: str = "softmax", heads: int = 1):
 
 
 def _alignment_and_success(sol, eps):
-    """A chunk's pair alignment (B, T) and whether each solve succeeded (B,)."""
-    return pair_alignment(sol.x, eps), sol.result == SUCCESS
+    """A chunk's pair alignment (B, T), success (B,) and attempted steps (B,)."""
+    return pair_alignment(sol.x, eps), sol.result == SUCCESS, sol.num_steps
 
 
 def phase_diagram(
@@ -320,7 +322,7 @@ def phase_diagram(
         measures = jax.vmap(Particles)(x)
     per_system = jnp.repeat(jnp.asarray(betas, dtype), systems)
     attn = jax.vmap(lambda b: head_attention(b, d, attention, heads))(per_system)
-    aligned, completed = simulate_ensemble(
+    aligned, completed, steps = simulate_ensemble(
         measures,
         attn,
         float(t1),
@@ -347,6 +349,7 @@ def phase_diagram(
         density=density,
         one_cluster=np.mean(completed[..., None] & (aligned == 1), axis=1),
         completed=completed.mean(axis=1),
+        mean_steps=np.asarray(steps).reshape(betas.size, systems).mean(axis=1),
         n=int(n),
         eps=float(eps),
     )
