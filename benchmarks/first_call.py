@@ -2,15 +2,18 @@
 
 Each case runs in its own Python process and times the first call (the clock
 starts after `import meanfield` and after the data are built), split by JAX's own
-events into tracing, lowering to MLIR and XLA compilation.
+events into tracing, lowering to MLIR and XLA compilation (which includes the
+persistent cache's read and write), beside the import of the engine modules the
+call is the first to touch (`import_s`) and the number of XLA programs compiled.
 Every case runs twice against one persistent-cache directory: "cold" (empty
 directory: what a first run pays) and "warm" (the same programs compiled by the
 cold run: what every later process pays); "no cache" runs with
-MEANFIELD_COMPILATION_CACHE=0. Repeated calls of `mf.layers` are timed too (it
-used to recompile on every call).
+MEANFIELD_COMPILATION_CACHE=0. Repeated calls are timed too (`mf.layers` must
+not recompile).
 
     python benchmarks/first_call.py    # out/benchmarks/first_call_<platform>.json
     python benchmarks/first_call.py --out benchmarks/results   # the committed one
+    python benchmarks/first_call.py --cases simulate --repeats 5   # one case
 """
 
 import argparse
@@ -29,6 +32,7 @@ import numpy as np, jax.numpy as jnp
 g = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
 mu = mf.Particles(g / np.linalg.norm(g, axis=1, keepdims=True))
 eye = np.eye(3, dtype=np.float32)
+NAMES = ("simulate", "SoftmaxAttention")
 call = lambda: mf.simulate(mu, mf.SoftmaxAttention(eye, A=eye), 20.0,
     saveat=np.linspace(0, 20, 101), normalization="sphere").x
 """,
@@ -36,6 +40,7 @@ call = lambda: mf.simulate(mu, mf.SoftmaxAttention(eye, A=eye), 20.0,
 import numpy as np
 gauss = mf.Gaussian(np.zeros(2), np.eye(2))
 attn = mf.SoftmaxAttention(np.eye(2), A=np.array([[0.8, 0.1], [0.0, -0.5]]))
+NAMES = ("gaussian",)
 call = lambda: mf.gaussian.simulate(gauss, attn, 5.0).cov
 """,
     "layers": """
@@ -43,6 +48,7 @@ import numpy as np
 g = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
 mu = mf.Particles(g / np.linalg.norm(g, axis=1, keepdims=True))
 eye = np.eye(3, dtype=np.float32)
+NAMES = ("layers", "SoftmaxAttention")
 call = lambda: mf.layers(mu, mf.SoftmaxAttention(eye, A=eye), 20,
     normalization="sphere").x
 """,
@@ -50,13 +56,19 @@ call = lambda: mf.layers(mu, mf.SoftmaxAttention(eye, A=eye), 20,
 
 CHILD = """
 import json, time, jax
-events = {}
+events, programs = {}, []
 def listen(name, secs, **kw):
     events[name] = events.get(name, 0.0) + secs
+    if name.endswith("backend_compile_duration"):
+        programs.append(kw.get("fun_name"))
 jax.monitoring.register_event_duration_secs_listener(listen)
 import meanfield as mf
 %s
+events.clear(); programs.clear()
 start = time.perf_counter()
+for name in NAMES:  # the engine modules the call is the first to import
+    getattr(mf, name)
+imported = time.perf_counter() - start
 jax.block_until_ready(call())
 first = time.perf_counter() - start
 again = []
@@ -66,6 +78,7 @@ for _ in range(3):
     again.append(time.perf_counter() - start)
 short = lambda k: sum(v for n, v in events.items() if n.endswith(k))
 print(json.dumps(dict(first_s=first, repeat_s=again, platform=jax.default_backend(),
+    import_s=imported, programs=programs,
     trace_s=short("jaxpr_trace_duration"),
     lower_s=short("jaxpr_to_mlir_module_duration"),
     compile_s=short("backend_compile_duration"),
@@ -99,9 +112,16 @@ def main() -> int:
         default=3,
         help="fresh processes per case and setting; medians reported (default: 3)",
     )
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        choices=list(CASES),
+        default=list(CASES),
+        help="cases to run (default: all)",
+    )
     args = parser.parse_args()
     results, platform = {}, "cpu"
-    for case in CASES:
+    for case in args.cases:
         rows = {"no cache": [], "cold": [], "warm": []}
         for _ in range(args.repeats):
             rows["no cache"].append(_run(case, None))
@@ -109,19 +129,21 @@ def main() -> int:
                 rows["cold"].append(_run(case, cache))
                 rows["warm"].append(_run(case, cache))
         platform = rows["warm"][0]["platform"]
+        keys = ("first_s", "import_s", "trace_s", "lower_s", "compile_s")
         results[case] = {
-            setting: {
-                key: statistics.median(r[key] for r in runs)
-                for key in ("first_s", "trace_s", "lower_s", "compile_s")
+            setting: {key: statistics.median(r[key] for r in runs) for key in keys}
+            | {
+                "repeat_s": statistics.median(min(r["repeat_s"]) for r in runs),
+                "programs": statistics.median(len(r["programs"]) for r in runs),
             }
-            | {"repeat_s": statistics.median(min(r["repeat_s"]) for r in runs)}
             for setting, runs in rows.items()
         }
         for setting, row in results[case].items():
             print(
                 f"{case:18s} {setting:8s} first call {row['first_s']:5.2f} s "
-                f"(trace {row['trace_s']:.2f}, lower {row['lower_s']:.2f}, "
-                f"compile {row['compile_s']:.2f}); "
+                f"(import {row['import_s']:.2f}, trace {row['trace_s']:.2f}, "
+                f"lower {row['lower_s']:.2f}, compile {row['compile_s']:.2f}; "
+                f"{row['programs']:g} programs); "
                 f"repeated call {row['repeat_s']:.3f} s"
             )
     out = Path(args.out)

@@ -63,6 +63,7 @@ def stop_condition(log_radius, dtype):
 class _BracketState(eqx.Module):
     lower: jax.Array
     upper: jax.Array
+    checked: jax.Array  # f(upper) evaluated (the first step)
     at_end: jax.Array  # f(upper) <= 0: the answer is upper
 
 
@@ -74,7 +75,9 @@ class SignBisection(optx.AbstractRootFinder):
     for a vmapped member without an event (f = t_end - t). No error when both
     ends have one sign (`optx.Bisection(flip="detect")` raises one), and the
     iteration stops on the bracket's width alone (f jumps where the flag rises,
-    so |f| need not become small).
+    so |f| need not become small). The first step evaluates f(upper), the others
+    f(midpoint), at one call site: f (diffrax's interpolation and the stop
+    condition) is traced and compiled once, not also in `init`.
 
     Attributes:
         rtol: relative width of the final bracket.
@@ -88,18 +91,22 @@ class SignBisection(optx.AbstractRootFinder):
     def init(self, fn, y, args, options, f_struct, aux_struct, tags):
         lower = jnp.asarray(options["lower"], f_struct.dtype)
         upper = jnp.asarray(options["upper"], f_struct.dtype)
-        # An event's condition holds at the bracket's end (> 0); diffrax's
-        # stand-in for a member without an event, t_end - t, is 0 there.
-        at_end = fn(upper, args)[0] <= 0
-        return _BracketState(lower=lower, upper=upper, at_end=at_end)
+        false = jnp.asarray(False)
+        return _BracketState(lower=lower, upper=upper, checked=false, at_end=false)
 
     def step(self, fn, y, args, options, state, tags):
         mid = state.lower + 0.5 * (state.upper - state.lower)
-        value, aux = fn(mid, args)
-        after = value > 0  # past the root: the condition holds
-        lower = jnp.where(after, state.lower, mid)
+        value, aux = fn(jnp.where(state.checked, mid, state.upper), args)
+        # An event's condition holds at the bracket's end (> 0); diffrax's
+        # stand-in for a member without an event, t_end - t, is 0 there.
+        at_end = jnp.where(state.checked, state.at_end, value <= 0)
+        after = state.checked & (value > 0)  # past the root: the condition holds
+        before = state.checked & ~after
+        lower = jnp.where(before, mid, state.lower)
         upper = jnp.where(after, mid, state.upper)
-        state = _BracketState(lower=lower, upper=upper, at_end=state.at_end)
+        state = _BracketState(
+            lower=lower, upper=upper, checked=jnp.asarray(True), at_end=at_end
+        )
         return upper, state, aux
 
     def terminate(self, fn, y, args, options, state, tags):

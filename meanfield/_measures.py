@@ -7,6 +7,7 @@ swap leaves with `eqx.tree_at` instead of re-constructing (no re-validation).
 import abc
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 import numpy as np
@@ -35,8 +36,9 @@ def _with_simplex_weights(x, weights) -> tuple[Float[Array, "n d"], Float[Array,
     """
     n, dtype = x.shape[0], x.dtype
     if weights is None:
-        # Built on the host: an eager jnp.full compiles a program per shape.
-        return x, jnp.asarray(np.full((n,), 1.0 / n, dtype=dtype))
+        # Built on the host and transferred: an eager jnp.full, or jnp.asarray of
+        # a NumPy array, compiles a program per shape.
+        return x, jax.device_put(np.full((n,), 1.0 / n, dtype=dtype))
     w = as_float_array(weights, "weights").astype(dtype)
     check_shape(w, (n,), "weights", "(n,)")
     # A length-n sum in this dtype is exact to about n ulps.
