@@ -339,7 +339,7 @@ def queue_solve(
 MAX_TOKENS = 256
 #: Pair interactions evaluated together per step (slots x n^2): enough to keep
 #: the step's overhead small against its field, small enough to stay in cache.
-PAIRS_PER_STEP = 1 << 19
+PAIRS_PER_STEP = 1 << 18
 
 
 def applies(measures, noise, options) -> bool:

@@ -52,7 +52,7 @@ class SmallSoftmax(eqx.Module):
         # q = A x (A = K^T Q for a query/key pair), keys = x; short products
         # slice by slice (`matmul_small`).
         q = matmul_small(x, interaction_matrix(self.attn, t, d))
-        logits = q @ x.T + log_weights(measure.weights)[None, :]
+        logits = matmul_small(q, x) + log_weights(measure.weights)[None, :]
         positions = key_positions(measure)
         if positions is not None:
             logits = jnp.where(causal_mask(positions, positions), logits, -jnp.inf)
