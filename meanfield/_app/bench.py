@@ -11,6 +11,9 @@ Implementations (`IMPLS`):
 - "numpy": the naive NumPy style of public peer code (two n x n float32 arrays).
 - "jax_dense": `SoftmaxAttention(blocking="dense")` under `jax.jit`.
 - "jax_blocked": `SoftmaxAttention(blocking="blocked")` under `jax.jit`.
+- "jax_default": the path a user gets by default, `jax.jit(lambda mu, a:
+  a.velocity(mu))` on `Particles(x)` and `SoftmaxAttention(V, A=A)` built outside
+  it (`blocking="auto"`, default `block_size`).
 - "jax_sdpa": `jax.nn.dot_product_attention`, one head, float32, XLA path (its
   cuDNN path accepts only half precision, so it does not apply to float32).
 - "keops": pykeops' `sumsoftmaxweight` reduction, when pykeops imports.

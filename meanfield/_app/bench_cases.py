@@ -126,6 +126,21 @@ def _library_velocity(blocking: str, block_size: int):
     return velocity
 
 
+def _default_prepare(x, A, V, max_bytes: float):
+    """The path a user gets by default: `velocity` jitted on a measure and a module.
+
+    `Particles(x)` and `SoftmaxAttention(V, A=A)` (blocking "auto") are built, and
+    validated, outside the jitted function, as in `jax.jit(lambda mu, a:
+    a.velocity(mu))(mu, attn)`.
+    """
+    from .._attention.softmax import SoftmaxAttention
+    from .._measures import Particles
+
+    mu = Particles(jnp.asarray(x))
+    attn = SoftmaxAttention(jnp.asarray(V), A=jnp.asarray(A))
+    return _compile(lambda mu, a: a.velocity(mu), (mu, attn), max_bytes, "jax_default")
+
+
 def _pad_head(a, multiple: int):
     """Zero columns up to a multiple of `multiple` (fused kernels' head sizes).
 
@@ -289,6 +304,8 @@ def _prepare(impl: str, x, A, V, *, block_size: int, max_bytes: float) -> _Prepa
     if impl.startswith("torch_sdpa"):
         dtype = HALF_IMPLS.get(impl, "float32")
         return _torch_prepare(x, A, V, dtype=dtype, max_bytes=max_bytes)
+    if impl == "jax_default":
+        return _default_prepare(x, A, V, max_bytes)
     args = tuple(jnp.asarray(a) for a in (x, A, V))
     if impl == "jax_sdpa":
         return _compile(sdpa_velocity, args, max_bytes, impl)

@@ -23,7 +23,7 @@ from .config import (
     with_defaults,
 )
 
-#: The implementations timed (see `meanfield._app.bench`). After the first five:
+#: The implementations timed (see `meanfield._app.bench`). After the first six:
 #: meanfield's fused Pallas kernel (GPU only: elsewhere it is interpreted), and
 #: the accelerator peers, cuDNN's fused attention through JAX (GPU only) and
 #: PyTorch's `scaled_dot_product_attention` (when torch imports).
@@ -31,6 +31,7 @@ IMPLS = (
     "numpy",
     "jax_dense",
     "jax_blocked",
+    "jax_default",
     "jax_sdpa",
     "keops",
     "jax_fused",
@@ -41,7 +42,7 @@ IMPLS = (
     "torch_sdpa_bf16",
 )
 #: Run when none are named: the ones that apply on a CPU.
-DEFAULT_IMPLS = IMPLS[:5]
+DEFAULT_IMPLS = IMPLS[:6]
 #: Input precision of each implementation (float32 unless named here).
 HALF_IMPLS = {
     "jax_fused_bf16": "bfloat16",

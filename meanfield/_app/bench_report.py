@@ -1,10 +1,10 @@
 """n-scaling benchmark of one softmax velocity evaluation (`meanfield bench`).
 
-Times naive NumPy, dense JAX, blocked JAX, jax.nn.dot_product_attention and KeOps
-(when pykeops imports) on Gamma(x_i) = sum_j softmax_j(<A x_i, x_j>) V x_j, float32,
-against this machine's floor measured in the same run (n^2 exps at the measured exp
-rate + 4 n^2 d flops at the measured matmul rate); the engine is `bench`, the
-options `bench_config`. Writes
+Times naive NumPy, dense JAX, blocked JAX, the default JAX path (`blocking="auto"`),
+jax.nn.dot_product_attention and KeOps (when pykeops imports) on Gamma(x_i) =
+sum_j softmax_j(<A x_i, x_j>) V x_j, float32, against this machine's floor measured
+in the same run (n^2 exps at the measured exp rate + 4 n^2 d flops at the measured
+matmul rate); the engine is `bench`, the options `bench_config`. Writes
 nscaling_<device>.json (after every case, atomically) and a log-log plot
 nscaling_<device>.png.
 
@@ -26,6 +26,7 @@ COLORS = {
     "numpy": "tab:blue",
     "jax_dense": "tab:orange",
     "jax_blocked": "tab:green",
+    "jax_default": "darkgreen",
     "jax_sdpa": "tab:red",
     "keops": "tab:purple",
     "jax_fused": "black",

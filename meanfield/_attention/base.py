@@ -14,6 +14,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float
 from .._checks import as_float_array, check_finite, format_shape, shape_matches
 from .._custom_types import Param
 from .._kernels import blocked as _blocked
+from .._kernels import bounded as _bounded
 from .._kernels import dense as _kernels
 from .._linalg import power_of_two_scale
 from .._measures import AbstractMeasure, AbstractParticles, MaskedParticles
@@ -23,7 +24,10 @@ from .._params import as_param, at
 BLOCKING = ("auto", "dense", "blocked", "fused")
 #: "auto" switches to the blocked kernel above this many pairs m n (2048^2): below
 #: it the dense kernel is as fast or faster on CPU, above it the dense one becomes
-#: memory-bound (measurements in benchmarks/README.md).
+#: memory-bound (measurements in benchmarks/README.md). Above it, unmasked logits of
+#: at most `_bounded.MAX_FEATURES` features go through the kernel of bounded logits
+#: (`_kernels.bounded`: one exponential per pair, no running maximum), the online
+#: softmax being its fallback for logits too large for it.
 AUTO_BLOCKED_PAIRS = 2048 * 2048
 #: Query blocks are this many key blocks tall: a (2048, 512) tile ran 1.2x faster
 #: than (512, 512) at n = 16384, d = 16 on CPU (fewer passes over the keys).
@@ -48,6 +52,17 @@ def use_blocked(blocking: str, m: int, n: int) -> bool:
     return blocking in ("blocked", "fused")
 
 
+def use_bounded(features: int, query_pos) -> bool:
+    """Whether "auto" tries the kernel of bounded logits on large inputs.
+
+    Unmasked, with at most `_bounded.MAX_FEATURES` features per query: at d = 2,
+    n = 2^14..2^17 it ran 1.5-1.9x faster than the online softmax on a 2-core CPU
+    (docs/benchmarks.md); at d = 16, n = 16384 it was within 3 % of it, so larger
+    features keep the online softmax.
+    """
+    return query_pos is None and features <= _bounded.MAX_FEATURES
+
+
 def softmax_average(
     q,
     keys,
@@ -62,6 +77,8 @@ def softmax_average(
 ) -> Float[Array, "m dv"]:
     """sum_j softmax_j(c^2 (<q_i, k_j> + b_j)) v_j (over s_j <= s_i), dense or blocked.
 
+    Large unmasked inputs of few features under "auto" take `_kernels.bounded`
+    (falling back to the online softmax of `_blocked` where the logits are large).
     c = `logit_scale` (None: 1) is a power of two that brings logits too large for
     the dtype back from scaled features (`_kernels.softmax_average`).
     """
@@ -74,17 +91,25 @@ def softmax_average(
             q, keys, bias, values, query_pos, key_pos, logit_scale=logit_scale
         )
     if use_blocked(blocking, q.shape[0], keys.shape[0]):
-        return _blocked.softmax_average(
-            q,
-            keys,
-            bias,
-            values,
-            query_pos,
-            key_pos,
-            block_q=QUERY_BLOCKS * block_size,
-            block_k=block_size,
-            logit_scale=logit_scale,
-        )
+
+        def online():
+            return _blocked.softmax_average(
+                q,
+                keys,
+                bias,
+                values,
+                query_pos,
+                key_pos,
+                block_q=QUERY_BLOCKS * block_size,
+                block_k=block_size,
+                logit_scale=logit_scale,
+            )
+
+        if blocking == "auto" and use_bounded(q.shape[1], query_pos):
+            return _bounded.softmax_average(
+                q, keys, bias, values, fallback=online, logit_scale=logit_scale
+            )
+        return online()
     mask = _kernels.causal_mask(query_pos, key_pos)
     return _kernels.softmax_average(
         _kernels.logits(q, keys, bias), values, mask, logit_scale=logit_scale

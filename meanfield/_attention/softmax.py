@@ -30,7 +30,9 @@ class SoftmaxAttention(AbstractKernelAttention):
         A: interaction matrix A = K^T Q (d, d); give either A or both Q and K.
         Q: query matrix (k, d).
         K: key matrix (k, d).
-        blocking: "auto" (blocked above 2048^2 query-key pairs), "dense",
+        blocking: "auto" (dense up to 2048^2 query-key pairs; above, the kernel
+            of bounded logits `_kernels.bounded` for unmasked features of
+            dimension <= 4 whose logits it can take, else blocked), "dense",
             "blocked" (O(block_size^2) memory, `_blocked`) or "fused" (one Pallas
             kernel, `_kernels.fused`: Triton on a GPU, interpreted elsewhere;
             derivatives through the blocked kernel).
