@@ -32,7 +32,7 @@ def blowup_times(
     max_steps: int = 4000,
     blowup_threshold: float = 1e16,
     stationary_tol: float = 1e-6,
-    slots: int = 256,
+    slots: int | None = None,
     chunk_size: int = 65_536,
     progress: bool = False,
     ffn: FeedForward | None = None,
@@ -101,7 +101,9 @@ def blowup_times(
         blowup_threshold: factor over the blow-up-free growth bound.
         stationary_tol: relative change of Sigma up to t_max below which a run is
             stationary.
-        slots: runs stepped together.
+        slots: runs stepped together; None (default) sizes the queue to the
+            chunk: the power of two nearest sqrt(runs per chunk), between 32 and
+            256 (`queue_slots`).
         chunk_size: runs per compiled call (bounds memory: the states of one chunk).
         progress: print a progress bar over the chunks (tqdm).
         ffn: an affine feed-forward layer `mf.FeedForward(W_f, b_f)` added to
@@ -135,7 +137,10 @@ def blowup_times(
     ):
         if not value > 0:
             raise ValueError(f"`{label}` must be positive; got {value}.")
-    for label, value in (("slots", slots), ("chunk_size", chunk_size)):
+    sizes = (("chunk_size", chunk_size),)
+    if slots is not None:  # None: sized to each chunk (`queue_slots`)
+        sizes += (("slots", slots),)
+    for label, value in sizes:
         if int(value) < 1:
             raise ValueError(f"`{label}` must be a positive integer; got {value}.")
     settings = dict(
@@ -158,7 +163,7 @@ def blowup_times(
             gauss,
             attns,
             settings,
-            slots=int(slots),
+            slots=None if slots is None else int(slots),
             max_steps=int(max_steps),
             chunk_size=int(chunk_size),
             progress=progress,
@@ -217,7 +222,7 @@ def _solve_variants(gauss, attns, settings, *, slots, max_steps, chunk_size, pro
                 static,
                 cov0,
                 **settings,
-                slots=slots,
+                slots=queue_slots(width) if slots is None else slots,
                 max_steps=max_steps,
                 frame_only=frame_only,
             )
@@ -226,6 +231,25 @@ def _solve_variants(gauss, attns, settings, *, slots, max_steps, chunk_size, pro
         times[name], rank[name], rate[name], status[name], steps[name] = t, r, g, s, n
         fraction[name] = float(np.mean(s == _status.BLOWUP))
     return times, fraction, rank, rate, status, steps
+
+
+def queue_slots(runs: int) -> int:
+    """Runs stepped together for a chunk of `runs`: a power of two in [32, 256].
+
+    The power of two nearest sqrt(runs), clipped to [32, 256].
+
+    The queue loops about (total steps) / slots + (longest run) times, one loop
+    costing about c0 + c1 slots (c0 the loop's own work, c1 one run's step): the
+    cost is least at slots = sqrt(c0 (total steps) / (c1 (longest run))), which
+    grows as sqrt(runs). In d = 2 a loop costs ~13 us + 1.1 us per slot
+    (Sinkhorn, 2-core CPU), a run takes 44-182 steps on average and the longest
+    spends the 4000-step budget: the optimum lies at 0.5-1 sqrt(runs), and the
+    cost is flat within a factor 2 of it. 256 slots (the width from 50 000 runs
+    per chunk up) at 1000 runs loop ~4000 times over mostly empty slots while
+    the longest run ends: 3x the time of 32 (docs/benchmarks.md, "Gaussian
+    blow-up studies").
+    """
+    return int(min(256, max(32, 2 ** round(math.log2(math.sqrt(runs))))))
 
 
 def _as_batch_blocks(attn, gauss, name):
