@@ -89,9 +89,10 @@ def simulate_ensemble(
             systems][math-ensemble-queue]); "vmap": every system of a chunk
             steps in lockstep (a vmapped `simulate`); "auto": "queue" where it
             applies (n <= 256 tokens, no noise, an adaptive solver among
-            "tsit5", "dopri5", "dopri8", no `dt0`, `adjoint` or `progress`),
-            else "vmap". Both give each system its own `simulate`'s result to
-            the solver's tolerance.
+            "tsit5", "dopri5", "dopri8", no `dt0`, `adjoint` or `progress`)
+            and is the faster one (n <= 128, or d <= 8), else "vmap". Both
+            give each system its own `simulate`'s result to the solver's
+            tolerance.
         **options: any keyword of `mf.simulate` (saveat, solver, rtol, atol, dt0,
             max_steps, normalization, blowup_radius, t0), shared by all systems.
 
@@ -172,7 +173,10 @@ def simulate_ensemble(
             'solver among "tsit5", "dopri5", "dopri8", and no `dt0`, `adjoint` '
             'or `progress`; use "auto" or "vmap".'
         )
-    queued = queueable and scheduling != "vmap"
+    queued = queueable and (
+        scheduling == "queue"
+        or (scheduling == "auto" and _ensemble_queue.preferred(measures))
+    )
     count = 1 if chunk_size is None else math.ceil(size / int(chunk_size))
     width = math.ceil(size / count)
     starts = range(0, size, width)

@@ -363,6 +363,17 @@ def slots_for(size: int, n: int) -> int:
     return int(max(1, min(size, PAIRS_PER_STEP // (n * n))))
 
 
+def preferred(measures) -> bool:
+    """Whether "auto" takes the queue: measured faster than lockstep there.
+
+    `benchmarks/ensemble_scaling.py`: 5x at n = 128-256, d = 2; even at n = 128,
+    d = 16; at n = 256, d = 16 lockstep is 1.6x faster (four slots of 256 tokens
+    leave a step's fixed costs large against its field).
+    """
+    n, d = measures.x.shape[1:]
+    return n <= 128 or d <= 8
+
+
 @eqx.filter_jit
 def assemble(out: QueueOut, measures, t0, t1, ts, *, normalization, saved_ends):
     """The `Solution` (batch axis first) of the systems the queue ended cleanly.

@@ -170,8 +170,8 @@ SCHEMA: dict = {
             choice(("float32", "float64")),
         ),
         doc='Arithmetic of the solves: `"float32"` or `"float64"`. Omitted: '
-        "float32 without noise (the merged-pair fraction within 1e-4 of a "
-        "float64 solve at 1e-10), float64 with noise.",
+        "float32 without noise (rounding far below the default tolerance), "
+        "float64 with noise.",
     ),
     "log_time": Key(
         boolean(),
