@@ -53,6 +53,7 @@ def test_default_path_matches_naive_float64():
     assert _taken(jnp.asarray(x @ A.T), x, jnp.asarray(bias), x @ V.T) == "bounded"
 
 
+@pytest.mark.slow
 def test_float32_matches_naive_to_float32_rounding():
     x, w, A, V = _problem(N, seed=1)
     f32 = [np.asarray(a, np.float32) for a in (x, w / w.sum(), A, V)]
@@ -62,6 +63,7 @@ def test_float32_matches_naive_to_float32_rounding():
     np.testing.assert_allclose(got, _naive(x, x, w, V, A), rtol=0, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_queries_keys_and_features_of_other_sizes():
     # m = 2100 queries (not a multiple of the block), n = 4500 keys (two chunks of
     # 4096, the second padded), Q, K with k = 3 features.
@@ -89,6 +91,7 @@ def test_large_logits_fall_back_to_the_online_softmax():
     np.testing.assert_allclose(got, _naive(x, x, w, V, A), rtol=0, atol=1e-9)
 
 
+@pytest.mark.slow
 def test_kernel_equals_online_softmax_with_logit_scale():
     # c = 2^40: features divided by c, the logits c^2 <q, k> ~ O(1).
     rng = np.random.default_rng(5)
@@ -103,6 +106,7 @@ def test_kernel_equals_online_softmax_with_logit_scale():
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
 
 
+@pytest.mark.slow
 def test_gradient_matches_dense():
     x, w, A, V = _problem(N, seed=6)
     mu = mf.Particles(x, w)
@@ -116,6 +120,7 @@ def test_gradient_matches_dense():
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_vmap_runs_both_branches_and_keeps_each_result():
     # Member 0 small logits (bounded kernel), member 1 large (fallback): under vmap
     # the `cond` is a select, so each member must still get its own branch's value.

@@ -39,15 +39,10 @@ def _assert_same(queue, vmap, atol):
     np.testing.assert_array_equal(queue.blowup_time, vmap.blowup_time)
 
 
-# The sphere in the default suite, the other schemes in the slow tier.
-@pytest.mark.parametrize(
-    "normalization",
-    [
-        "sphere",
-        *(pytest.param(s, marks=pytest.mark.slow) for s in (None, "pre-ln", "peri-ln")),
-        pytest.param("ngpt", marks=pytest.mark.slow),
-    ],
-)
+# Slow tier: the default suite reaches the queue through `auto` in
+# tests/test_ensemble.py and tests/test_phase_diagram.py.
+@pytest.mark.slow
+@pytest.mark.parametrize("normalization", [None, "sphere", "pre-ln", "peri-ln", "ngpt"])
 def test_the_queue_is_the_lockstep_solve_under_every_normalization(normalization):
     """Batched temperatures, 31 saves: same steps, saves to 1e-12."""
     betas = jnp.linspace(0.5, 4.0, 12)
@@ -175,6 +170,7 @@ def test_the_small_softmax_field_is_softmax_attention(masked):
     assert bool(ok)
 
 
+@pytest.mark.slow
 def test_short_axis_helpers_equal_their_numpy_forms():
     rng = np.random.default_rng(5)
     for d in (1, 2, 3, 8, 9):
