@@ -247,8 +247,8 @@ def _solve_queued(measures, attn, batched_attention, t1, options, static, reduce
         # Padded to a power of two: few distinct compilations.
         padded = np.resize(index, 1 << math.ceil(math.log2(index.size)))
         sol = _solve_chunk(
-            _take(measures, padded),
-            _take(attn, padded) if batched_attention else attn,
+            _ensemble_queue.take_systems(measures, padded),
+            _ensemble_queue.take_systems(attn, padded) if batched_attention else attn,
             None,
             None,
             t1,
@@ -256,16 +256,12 @@ def _solve_queued(measures, attn, batched_attention, t1, options, static, reduce
             static,
             None,
         )
-        return _take(sol, np.arange(index.size))
+        return _ensemble_queue.take_systems(sol, np.arange(index.size))
 
     sol = _ensemble_queue.solve(
         measures, attn, batched_attention, t1, options, resolve_solve, redo
     )
     return sol if reduce is None else _reduce(reduce, sol)
-
-
-def _take(tree, index):
-    return jax.tree.map(lambda a: a[index] if eqx.is_array(a) else a, tree)
 
 
 @eqx.filter_jit

@@ -44,7 +44,7 @@ QUEUE_SOLVERS = (dfx.Tsit5, dfx.Dopri5, dfx.Dopri8)
 FIRST_STEP = 0.01
 
 
-def _take(tree, index):
+def take_systems(tree, index):
     """Array leaves of a batched pytree at `index` (any shape of indices)."""
     return jax.tree.map(lambda a: a[index] if eqx.is_array(a) else a, tree)
 
@@ -129,12 +129,13 @@ def _step(problem, length, s_prev, s_next, y, fstate, cstate):
     keep, prev1, next1, _, cstate1, ctrl_result = problem.controller().adapt_step_size(
         s_prev, s_next, y, y1, None, y_err, solver.error_order(term), cstate
     )
-    end = jnp.asarray(length, s_prev.dtype)
+    dtype = np.dtype(s_prev.dtype)
+    end = jnp.asarray(length, dtype)
     prev1 = jnp.minimum(prev1, end)
     # diffrax's clip to the end: within 100 ulps of it, land on it.
-    floor = end
+    floor = np.asarray(length, dtype)
     for _ in range(100):
-        floor = jnp.nextafter(floor, jnp.asarray(-jnp.inf, floor.dtype))
+        floor = np.nextafter(floor, dtype.type(-np.inf))
     clip = jnp.where(keep, end, prev1 + 0.5 * (end - prev1))
     next1 = jnp.where(next1 > floor, clip, next1)
     y_new = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
@@ -152,7 +153,6 @@ class QueueOut(eqx.Module):
     Attributes:
         xs: the saves (B, T, n, d), x at each save time on the solver clock.
         x_end: the state where the solve stopped (B, n, d).
-        s_end: that stop on the solver clock (B,).
         num_steps: attempted steps (B,).
         clean: whether the system reached the end of the clock with no event,
             step floor, step budget or flag (B,); the others are solved again
@@ -161,7 +161,6 @@ class QueueOut(eqx.Module):
 
     xs: jax.Array
     x_end: jax.Array
-    s_end: jax.Array
     num_steps: jax.Array
     clean: jax.Array
 
@@ -237,14 +236,13 @@ def queue_solve(
         s_prev=jnp.zeros(slots, dtype),
         s_next=s_next0[sys0],
         y=(x0[sys0], jnp.zeros((slots, 2), dtype)),
-        fstate=_take(fstate0, sys0),
-        cstate=_take(cstate0, sys0),
+        fstate=take_systems(fstate0, sys0),
+        cstate=take_systems(cstate0, sys0),
         save=jnp.zeros(slots, jnp.int32),
         steps=jnp.zeros(slots, jnp.int32),
         head=jnp.asarray(slots),
         xs=jnp.full((size, count, n, d), jnp.inf, dtype),
         x_end=x0,
-        s_end=jnp.zeros(size, dtype),
         num_steps=jnp.zeros(size, jnp.int32),
         clean=jnp.zeros(size, bool),
     )
@@ -256,11 +254,11 @@ def queue_solve(
         sys = c["sys"]
         active = sys < size
         index = jnp.minimum(sys, size - 1)
-        a_slot = _take(attn, index) if batched_attention else attn
+        a_slot = take_systems(attn, index) if batched_attention else attn
         keep, s_prev, s_next, y, fstate, cstate, ok, interp = jax.vmap(
             step_slot, in_axes=(0, attn_axis, 0, 0, 0, 0, 0)
         )(
-            _take(measures, index),
+            take_systems(measures, index),
             a_slot,
             c["s_prev"],
             c["s_next"],
@@ -296,7 +294,6 @@ def queue_solve(
         clean = finished & at_end & ok & ~stopped & (y[1][:, 1] == 0)
         row = jnp.where(finished, index, size)
         x_end = c["x_end"].at[row].set(y[0], mode="drop")
-        s_end = c["s_end"].at[row].set(s_prev, mode="drop")
         num_steps = c["num_steps"].at[row].set(steps, mode="drop")
         clean_out = c["clean"].at[row].set(clean, mode="drop")
 
@@ -312,14 +309,13 @@ def queue_solve(
             s_prev=jnp.where(fresh, 0, s_prev),
             s_next=jnp.where(fresh, s_next0[take], s_next),
             y=_select(fresh, y_in, y),
-            fstate=_select(fresh, _take(fstate0, take), fstate),
-            cstate=_select(fresh, _take(cstate0, take), cstate),
+            fstate=_select(fresh, take_systems(fstate0, take), fstate),
+            cstate=_select(fresh, take_systems(cstate0, take), cstate),
             save=jnp.where(fresh, 0, save),
             steps=jnp.where(fresh, 0, steps),
             head=c["head"] + jnp.sum(finished),
             xs=xs,
             x_end=x_end,
-            s_end=s_end,
             num_steps=num_steps,
             clean=clean_out,
         )
@@ -328,7 +324,6 @@ def queue_solve(
     return QueueOut(
         xs=out["xs"],
         x_end=out["x_end"],
-        s_end=out["s_end"],
         num_steps=out["num_steps"],
         clean=out["clean"],
     )
@@ -418,8 +413,8 @@ def solve(measures, attn, batched_attention, t1, options, resolve_solve, redo):
         A `Solution` with batch axis B.
     """
     size, n = measures.x.shape[:2]
-    first = _take(measures, 0)
-    one_attn = _take(attn, 0) if batched_attention else attn
+    first = take_systems(measures, 0)
+    one_attn = take_systems(attn, 0) if batched_attention else attn
     _, args, kwargs = resolve_solve(first, one_attn, t1, **options)
     t0, t1_, fractions, ts = args[4], args[5], args[6], args[7]
     rtol, atol, log_radius = args[9], args[10], args[11]
