@@ -170,6 +170,33 @@ def test_the_small_softmax_field_is_softmax_attention(masked):
     assert bool(ok)
 
 
+def _repelling_pair():
+    """A = -I and A = -500 I in float64 (LIMIT 283): the second's diagonal logit
+    lies more than 3 LIMIT below its bound |A theta| = 500."""
+    betas = jnp.array([1.0, 500.0])
+    attn = jax.vmap(lambda b: mf.SoftmaxAttention(jnp.eye(2), A=-b * jnp.eye(2)))(betas)
+    return attn, _systems(2, 5, 2, seed=3)
+
+
+def test_a_shift_that_could_underflow_is_flagged():
+    attn, measures = _repelling_pair()
+    x = measures.x / jnp.linalg.norm(measures.x, axis=-1, keepdims=True)
+    flags = []
+    for k in range(2):
+        one = SmallSoftmax(jax.tree.map(lambda a, k=k: a[k], attn))
+        flags.append(bool(one.velocity_and_status(mf.Particles(x[k]))[1]))
+    assert flags == [True, False]
+
+
+@pytest.mark.slow
+def test_a_flagged_system_is_solved_by_simulate():
+    """The flagged system goes to `simulate`; its neighbour stays in the queue."""
+    attn, measures = _repelling_pair()
+    queue, vmap = _both(measures, attn, 0.05, normalization="sphere")
+    _assert_same(queue, vmap, atol=1e-12)
+    np.testing.assert_array_equal(queue.num_steps, vmap.num_steps)
+
+
 @pytest.mark.slow
 def test_short_axis_helpers_equal_their_numpy_forms():
     rng = np.random.default_rng(5)
