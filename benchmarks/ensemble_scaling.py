@@ -8,10 +8,14 @@ uniform on the sphere, t1 = 10, rtol = atol = 1e-5, float32, warm), and reports
 the throughput in attempted solver steps of all systems per second, the
 exponentials the solves need (6 field evaluations per Tsit5 step, n^2 each)
 against the float32 exp rate measured in the same run, and the largest
-difference between the two schedulings' final tokens.
+difference between the two schedulings' final tokens. The noisy cases add
+`mf.IndependentNoise(0.2)` on the sphere (Heun, the default SDE tolerance,
+2 field evaluations per step): their two schedulings draw the same Brownian
+paths, so their final tokens differ by the scheme's pathwise error, not by
+rounding.
 
     python benchmarks/ensemble_scaling.py [--ns 8 32 128 256] [--ds 2 16]
-        [--pairs 2^24] [--out DIR]
+        [--noise-ns 8 32 128] [--pairs 2^24] [--out DIR]
 """
 
 import argparse
@@ -35,6 +39,8 @@ from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
 
 T1 = 10.0
 STAGES = 6  # field evaluations per attempted Tsit5 step (FSAL)
+SDE_STAGES = 2  # per attempted Heun step
+NOISE = mf.IndependentNoise(0.2)
 
 
 def systems_of(n: int, d: int, count: int, masked: bool):
@@ -51,8 +57,10 @@ def systems_of(n: int, d: int, count: int, masked: bool):
     return jax.vmap(mf.Particles)(x), attn
 
 
-def time_one(measures, attn, scheduling, normalization):
+def time_one(measures, attn, scheduling, normalization, noisy):
     """(warm wall seconds, the solution) of one ensemble solve."""
+    tolerances = {} if noisy else dict(rtol=1e-5, atol=1e-5)
+    noise = dict(noise=NOISE, key=jr.key(7)) if noisy else {}
 
     def call():
         sol = mf.simulate_ensemble(
@@ -60,10 +68,10 @@ def time_one(measures, attn, scheduling, normalization):
             attn,
             T1,
             normalization=normalization,
-            rtol=1e-5,
-            atol=1e-5,
             scheduling=scheduling,
             chunk_size=16384,
+            **tolerances,
+            **noise,
         )
         return jax.block_until_ready(sol)
 
@@ -73,19 +81,29 @@ def time_one(measures, attn, scheduling, normalization):
     return time.perf_counter() - start, sol
 
 
-def run(ns, ds, pairs, exp_rate):
+def run(ns, ds, noise_ns, pairs, exp_rate):
     rows = []
-    cases = [(n, d, False, "sphere") for d in ds for n in ns]
-    cases += [(32, 2, True, "sphere"), (32, 2, False, "pre-ln")]
-    for n, d, masked, normalization in cases:
-        count = int(min(16384, max(256, pairs // (n * n * 64))))
+    cases = [(n, d, False, "sphere", False) for d in ds for n in ns]
+    if ns:
+        cases += [(32, 2, True, "sphere", False), (32, 2, False, "pre-ln", False)]
+    cases += [(n, 2, False, "sphere", True) for n in noise_ns]
+    for n, d, masked, normalization, noisy in cases:
+        # A noisy step costs about 8 noise-free ones (its Brownian path).
+        count = int(min(16384, max(256, pairs // (n * n * (512 if noisy else 64)))))
         measures, attn = systems_of(n, d, count, masked)
-        row = dict(n=n, d=d, masked=masked, normalization=normalization, systems=count)
+        row = dict(
+            n=n,
+            d=d,
+            masked=masked,
+            normalization=normalization,
+            noise=noisy,
+            systems=count,
+        )
         finals = {}
         for scheduling in ("queue", "vmap"):
-            wall, sol = time_one(measures, attn, scheduling, normalization)
+            wall, sol = time_one(measures, attn, scheduling, normalization, noisy)
             steps = float(np.sum(sol.num_steps))
-            exps = (count + STAGES * steps) * n * n
+            exps = (count + (SDE_STAGES if noisy else STAGES) * steps) * n * n
             row[scheduling] = dict(
                 wall_s=wall,
                 system_steps_per_s=steps / wall,
@@ -105,8 +123,10 @@ def run(ns, ds, pairs, exp_rate):
 def plot(rows, path):
     fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
     plain = [r for r in rows if not r["masked"] and r["normalization"] == "sphere"]
-    for i, d in enumerate(sorted({r["d"] for r in plain})):
-        sel = sorted((r for r in plain if r["d"] == d), key=lambda r: r["n"])
+    groups = sorted({(r["d"], r.get("noise", False)) for r in plain})
+    for i, (d, noisy) in enumerate(groups):
+        sel = [r for r in plain if r["d"] == d and r.get("noise", False) == noisy]
+        sel = sorted(sel, key=lambda r: r["n"])
         ns = [r["n"] for r in sel]
         for scheduling, style, name in (
             ("queue", "-o", "work queue"),
@@ -117,7 +137,7 @@ def plot(rows, path):
                 [r[scheduling]["system_steps_per_s"] for r in sel],
                 style,
                 color=f"C{i}",
-                label=f"d = {d}, {name}",
+                label=f"d = {d}{', noise' if noisy else ''}, {name}",
             )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -131,8 +151,15 @@ def plot(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ns", type=int, nargs="+", default=[8, 32, 128, 256])
+    parser.add_argument("--ns", type=int, nargs="*", default=[8, 32, 128, 256])
     parser.add_argument("--ds", type=int, nargs="+", default=[2, 16])
+    parser.add_argument(
+        "--noise-ns",
+        type=int,
+        nargs="*",
+        default=[8, 32, 128],
+        help="n of the noisy cases (d = 2, sphere)",
+    )
     parser.add_argument(
         "--pairs",
         type=float,
@@ -149,7 +176,7 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     floor = measure_floor()
-    rows = run(args.ns, args.ds, int(args.pairs), floor["exp_per_second"])
+    rows = run(args.ns, args.ds, args.noise_ns, int(args.pairs), floor["exp_per_second"])
     device = jax.devices()[0].platform
     write_manifest(
         out / f"ensemble_scaling_{device}.json",

@@ -88,11 +88,12 @@ def simulate_ensemble(
             that reaches t1 taking the next system ([ensembles of small
             systems][math-ensemble-queue]); "vmap": every system of a chunk
             steps in lockstep (a vmapped `simulate`); "auto": "queue" where it
-            applies (n <= 256 tokens, no noise, an adaptive solver among
-            "tsit5", "dopri5", "dopri8", no `dt0`, `adjoint` or `progress`)
-            and is the faster one (n <= 128, or d <= 8), else "vmap". Both
-            give each system its own `simulate`'s result to the solver's
-            tolerance.
+            applies (n <= 256 tokens, an adaptive solver among "tsit5",
+            "dopri5", "dopri8", or with `noise` "heun", "midpoint", "ralston";
+            no `dt0`, `adjoint` or `progress`) and is the faster one (no noise,
+            and n <= 128 or d <= 8), else "vmap". Both give each system its own
+            `simulate`'s result to the solver's tolerance (with multiplicative
+            noise, to the scheme's pathwise error on the same Brownian path).
         **options: any keyword of `mf.simulate` (saveat, solver, rtol, atol, dt0,
             max_steps, normalization, blowup_radius, t0), shared by all systems.
 
@@ -159,7 +160,7 @@ def simulate_ensemble(
         (key, tuple(np.asarray(v).tolist()) if np.ndim(v) > 0 else v)
         for key, v in sorted(options.items())
     )
-    # Small systems without noise: a work queue of slots (`_ensemble_queue`).
+    # Small systems: a work queue of slots (`_ensemble_queue`).
     if scheduling not in SCHEDULINGS:
         raise ValueError(
             f"`scheduling` must be one of {SCHEDULINGS}; got {scheduling!r}."
@@ -169,13 +170,14 @@ def simulate_ensemble(
     )
     if scheduling == "queue" and not queueable:
         raise ValueError(
-            '`scheduling="queue"` needs n <= 256 tokens, no noise, an adaptive '
-            'solver among "tsit5", "dopri5", "dopri8", and no `dt0`, `adjoint` '
-            'or `progress`; use "auto" or "vmap".'
+            '`scheduling="queue"` needs n <= 256 tokens, an adaptive solver among '
+            '"tsit5", "dopri5", "dopri8" (with `noise`: "heun", "midpoint", '
+            '"ralston"), and no `dt0`, `adjoint` or `progress`; use "auto" or '
+            '"vmap".'
         )
     queued = queueable and (
         scheduling == "queue"
-        or (scheduling == "auto" and _ensemble_queue.preferred(measures))
+        or (scheduling == "auto" and _ensemble_queue.preferred(measures, noise))
     )
     count = 1 if chunk_size is None else math.ceil(size / int(chunk_size))
     width = math.ceil(size / count)
@@ -195,7 +197,9 @@ def simulate_ensemble(
                 chunk = _solve_queued(
                     take(measures),
                     take(attn) if batched_attention else attn,
-                    batched_attention,
+                    take(noise) if batched_noise else noise,
+                    take(keys),
+                    (batched_attention, batched_noise),
                     t1,
                     options,
                     static_options,
@@ -240,26 +244,40 @@ def _works_shared(attn, measures) -> bool:
     return True
 
 
-def _solve_queued(measures, attn, batched_attention, t1, options, static, reduce):
-    """A chunk through the work queue; systems it hands back go to `_solve_chunk`."""
+def _solve_queued(measures, attn, noise, keys, batched, t1, options, static, reduce):
+    """A chunk through the work queue; systems it hands back go to `_solve_chunk`.
+
+    `batched` says whether the attention and the noise carry the batch axis.
+    """
+    take = _ensemble_queue.take_systems
+    batched_attention, batched_noise = batched
 
     def redo(index):
         # Padded to a power of two: few distinct compilations.
         padded = np.resize(index, 1 << math.ceil(math.log2(index.size)))
         sol = _solve_chunk(
-            _ensemble_queue.take_systems(measures, padded),
-            _ensemble_queue.take_systems(attn, padded) if batched_attention else attn,
-            None,
-            None,
+            take(measures, padded),
+            take(attn, padded) if batched_attention else attn,
+            take(noise, padded) if batched_noise else noise,
+            None if keys is None else keys[padded],
             t1,
-            (batched_attention, False),
+            batched,
             static,
             None,
         )
-        return _ensemble_queue.take_systems(sol, np.arange(index.size))
+        return take(sol, np.arange(index.size))
 
     sol = _ensemble_queue.solve(
-        measures, attn, batched_attention, t1, options, resolve_solve, redo
+        measures,
+        attn,
+        batched_attention,
+        noise,
+        keys,
+        batched_noise,
+        t1,
+        options,
+        resolve_solve,
+        redo,
     )
     return sol if reduce is None else _reduce(reduce, sol)
 

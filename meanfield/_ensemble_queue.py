@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
 
-from . import _small_field, _status
+from . import _noisy_solve, _small_field, _status
 from ._dynamics import Solution, _velocity_field, measure_on_sphere
 from ._events import stop_condition
 from ._linalg import last_axis_sum, row_norms
@@ -38,6 +38,8 @@ from ._step_floor import FlooredPIDController
 #: Diffrax's solvers the queue runs: explicit Runge-Kutta methods with a local
 #: interpolation and an error estimate (the adaptive ODE solvers of `simulate`).
 QUEUE_SOLVERS = (dfx.Tsit5, dfx.Dopri5, dfx.Dopri8)
+#: With a noise: the adaptive Stratonovich Runge-Kutta solvers of `simulate`.
+QUEUE_SDE_SOLVERS = (dfx.Heun, dfx.Midpoint, dfx.Ralston)
 
 
 #: The first step of an adaptive `simulate` solve on the solver clock.
@@ -62,14 +64,23 @@ def _select(mask, new, old):
 
 
 class _Problem(eqx.Module):
-    """One system's ODE on the solver clock: field, controller, solver."""
+    """One system's ODE or SDE on the solver clock: terms, controller, solver.
+
+    With a noise (`noise` and its Brownian `key` not None) the terms, the PI
+    coefficients and the clipping to the save times `step_ts` are those of a
+    noisy `simulate` (`_noisy_solve`).
+    """
 
     measure: eqx.Module
     attn: eqx.Module
+    noise: eqx.Module | None
+    key: jax.Array | None
+    step_ts: jax.Array | None
     t0: jax.Array
     rate: jax.Array
     rtol: jax.Array
     atol: jax.Array
+    length: float = eqx.field(static=True)
     normalization: str | None = eqx.field(static=True)
     alpha: float = eqx.field(static=True)
     solver: dfx.AbstractSolver = eqx.field(static=True)
@@ -81,17 +92,35 @@ class _Problem(eqx.Module):
         field = _velocity_field(
             attn, self.measure, self.normalization, self.alpha, self.t0, self.rate
         )
-        return dfx.ODETerm(field)
+        if self.noise is None:
+            return dfx.ODETerm(field)
+        return _noisy_solve.sde_terms(
+            field,
+            self.noise,
+            self.key,
+            self.measure.x,
+            self.normalization,
+            self.rate,
+            self.length,
+            None,
+            self.solver,
+        )
 
     def controller(self):
         # The flags are indicators, not dynamics: out of the error norm, as in
         # `simulate`.
-        return FlooredPIDController(
+        pid = FlooredPIDController(
             rtol=self.rtol,
             atol=self.atol,
             norm=lambda y: optx.rms_norm(y[0]),
             t_start=self.t0,
             dt_ds=self.rate,
+            **({} if self.noise is None else _noisy_solve.SDE_PID),
+        )
+        if self.noise is None:
+            return pid
+        return dfx.ClipStepSizeController(
+            pid, step_ts=self.step_ts, store_rejected_steps=_noisy_solve.REVISITS
         )
 
 
@@ -103,8 +132,9 @@ def _start(problem, length):
     zero, end = jnp.asarray(0.0, dtype), jnp.asarray(length, dtype)
     order = problem.solver.error_order(term)
     # `diffeqsolve` wraps its terms before the controller picks the first
-    # step, and diffrax's initial-step heuristic then takes 0.01 (in s): the
-    # same first step as `simulate`'s (tests compare the step counts).
+    # step, and diffrax's initial-step heuristic then takes 0.01 (in s), with
+    # or without a noise: the same first step as `simulate`'s (tests compare
+    # the step counts).
     s_next, cstate = problem.controller().init(
         term, zero, end, y0, FIRST_STEP, None, problem.solver.func, order
     )
@@ -151,7 +181,8 @@ class QueueOut(eqx.Module):
     """Per-system results of a queue solve (leading axis: the systems).
 
     Attributes:
-        xs: the saves (B, T, n, d), x at each save time on the solver clock.
+        xs: the saves (B, T, n, d), x at each save time on the solver clock
+            (with a noise, save times are step ends).
         x_end: the state where the solve stopped (B, n, d).
         num_steps: attempted steps (B,).
         clean: whether the system reached the end of the clock with no event,
@@ -170,9 +201,13 @@ def queue_solve(
     measures,
     attn,
     batched_attention: bool,
+    noise,
+    keys,
+    batched_noise: bool,
     t0,
     t1,
     save_s,
+    step_ts,
     rtol,
     atol,
     log_radius,
@@ -190,14 +225,20 @@ def queue_solve(
         measures: B measures (batch axis first), already checked.
         attn: one attention, or B of them.
         batched_attention: whether `attn` carries the batch axis.
+        noise: None (ODEs) or the noise, one or B of them.
+        keys: None, or the B keys of the systems' Brownian paths.
+        batched_noise: whether `noise` carries the batch axis.
         t0: start of the interval (traced scalar of the tokens' dtype).
         t1: its end.
         save_s: save times on the solver clock (T,), non-decreasing in [0, L].
+        step_ts: with a noise, the save times the steps end at (None: both
+            ends of the clock only, as in `simulate`).
         rtol: relative tolerance, as in `simulate` (traced).
         atol: absolute tolerance (traced).
         log_radius: log of the blow-up radius (traced).
         length: the solver clock's length L (static).
-        solver: a diffrax adaptive explicit Runge-Kutta solver (`QUEUE_SOLVERS`).
+        solver: a diffrax adaptive explicit Runge-Kutta solver (`QUEUE_SOLVERS`,
+            or `QUEUE_SDE_SOLVERS` with a noise).
         normalization: where the LayerNorm sits, as in `simulate`.
         alpha: nGPT's step scale.
         max_steps: the step budget of each system.
@@ -211,14 +252,22 @@ def queue_solve(
     rate = (t1 - t0) / length
     count = save_s.shape[0]
 
-    def problem(m, a):
-        return _Problem(m, a, t0, rate, rtol, atol, normalization, alpha, solver)
+    if noise is not None and normalization in ON_SPHERE:
+        solver = _noisy_solve.on_sphere(solver)
+
+    def problem(m, a, nz, k):
+        return _Problem(
+            m, a, nz, k, step_ts, t0, rate, rtol, atol, length, normalization, alpha, solver
+        )
 
     attn_axis = 0 if batched_attention else None
+    noise_axis = 0 if batched_noise else None
+    key_axis = None if keys is None else 0
     # Every system's first step and solver state, in one batched pass.
     s_next0, cstate0, fstate0 = jax.vmap(
-        lambda m, a: _start(problem(m, a), length), in_axes=(0, attn_axis)
-    )(measures, attn)
+        lambda m, a, nz, k: _start(problem(m, a, nz, k), length),
+        in_axes=(0, attn_axis, noise_axis, key_axis),
+    )(measures, attn, noise, keys)
 
     if normalization in ON_SPHERE:
         # `stop_condition` on states with |x_i| = 1 to rounding: squared norms
@@ -247,19 +296,22 @@ def queue_solve(
         clean=jnp.zeros(size, bool),
     )
 
-    def step_slot(m, a, s_prev, s_next, y, fstate, cstate):
-        return _step(problem(m, a), length, s_prev, s_next, y, fstate, cstate)
+    def step_slot(m, a, nz, k, s_prev, s_next, y, fstate, cstate):
+        return _step(problem(m, a, nz, k), length, s_prev, s_next, y, fstate, cstate)
 
     def body(c):
         sys = c["sys"]
         active = sys < size
         index = jnp.minimum(sys, size - 1)
         a_slot = take_systems(attn, index) if batched_attention else attn
+        noise_slot = take_systems(noise, index) if batched_noise else noise
         keep, s_prev, s_next, y, fstate, cstate, ok, interp = jax.vmap(
-            step_slot, in_axes=(0, attn_axis, 0, 0, 0, 0, 0)
+            step_slot, in_axes=(0, attn_axis, noise_axis, key_axis, 0, 0, 0, 0, 0)
         )(
             take_systems(measures, index),
             a_slot,
+            noise_slot,
+            None if keys is None else keys[index],
             c["s_prev"],
             c["s_next"],
             c["y"],
@@ -340,12 +392,15 @@ PAIRS_PER_STEP = 1 << 18
 def applies(measures, noise, options) -> bool:
     """Whether the queue can solve these systems (else: vmapped `simulate`)."""
     solver = options.get("solver")
-    known = solver in (None, "tsit5", "dopri5", "dopri8") or isinstance(
-        solver, QUEUE_SOLVERS
+    if noise is None:
+        names, kinds = (None, "tsit5", "dopri5", "dopri8"), QUEUE_SOLVERS
+    else:
+        names, kinds = (None, "heun", "midpoint", "ralston"), QUEUE_SDE_SOLVERS
+    known = solver in names if isinstance(solver, str | None) else (
+        isinstance(solver, kinds)
     )
     return (
-        noise is None
-        and known
+        known
         and options.get("dt0") is None
         and options.get("adjoint") is None
         and not options.get("progress", False)
@@ -358,15 +413,16 @@ def slots_for(size: int, n: int) -> int:
     return int(max(1, min(size, PAIRS_PER_STEP // (n * n))))
 
 
-def preferred(measures) -> bool:
+def preferred(measures, noise) -> bool:
     """Whether "auto" takes the queue: measured faster than lockstep there.
 
     `benchmarks/ensemble_scaling.py`: 5x at n = 128-256, d = 2; even at n = 128,
     d = 16; at n = 256, d = 16 lockstep is 1.6x faster (four slots of 256 tokens
-    leave a step's fixed costs large against its field).
+    leave a step's fixed costs large against its field). With a noise the
+    Brownian path dominates a step and step counts vary little: no faster.
     """
     n, d = measures.x.shape[1:]
-    return n <= 128 or d <= 8
+    return noise is None and (n <= 128 or d <= 8)
 
 
 @eqx.filter_jit
@@ -396,13 +452,27 @@ def assemble(out: QueueOut, measures, t0, t1, ts, *, normalization, saved_ends):
     )
 
 
-def solve(measures, attn, batched_attention, t1, options, resolve_solve, redo):
+def solve(
+    measures,
+    attn,
+    batched_attention,
+    noise,
+    keys,
+    batched_noise,
+    t1,
+    options,
+    resolve_solve,
+    redo,
+):
     """B systems: the queue, then `redo(indices)` for those it did not end cleanly.
 
     Args:
         measures: B measures, as `simulate_ensemble`'s.
         attn: one attention or B of them.
         batched_attention: whether `attn` carries the batch axis.
+        noise: None, or one noise or B of them.
+        keys: None, or the B keys of the Brownian paths.
+        batched_noise: whether `noise` carries the batch axis.
         t1: the final time.
         options: `simulate`'s keywords.
         resolve_solve: `_dynamics.resolve_solve` (checks and resolved arguments).
@@ -415,18 +485,29 @@ def solve(measures, attn, batched_attention, t1, options, resolve_solve, redo):
     size, n = measures.x.shape[:2]
     first = take_systems(measures, 0)
     one_attn = take_systems(attn, 0) if batched_attention else attn
-    _, args, kwargs = resolve_solve(first, one_attn, t1, **options)
+    one_noise = take_systems(noise, 0) if batched_noise else noise
+    one_key = None if keys is None else keys[0]
+    _, args, kwargs = resolve_solve(
+        first, one_attn, t1, noise=one_noise, key=one_key, **options
+    )
     t0, t1_, fractions, ts = args[4], args[5], args[6], args[7]
     rtol, atol, log_radius = args[9], args[10], args[11]
     length = kwargs["length"]
     dtype = measures.x.dtype
+    step_ts = None
+    if noise is not None and fractions is not None:
+        step_ts = jnp.asarray(fractions, dtype) * length  # as `sde_controller`
     out = queue_solve(
         measures,
         attn,
         batched_attention,
+        noise,
+        keys,
+        batched_noise,
         t0,
         t1_,
         saves_on_clock(fractions, length, dtype),
+        step_ts,
         rtol,
         atol,
         log_radius,

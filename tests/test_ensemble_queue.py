@@ -144,8 +144,48 @@ def test_scheduling_is_checked():
             scheduling="queue",
             noise=mf.IndependentNoise(0.1),
             key=jr.key(0),
+            solver="euler",
+            dt0=0.1,
             normalization="sphere",
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "noise, normalization",
+    [
+        (jax.vmap(mf.IndependentNoise)(jnp.linspace(0.1, 0.4, 7)), None),
+        (mf.IndependentNoise(0.3), "sphere"),
+        (mf.CommonNoise(0.3), None),
+    ],
+)
+def test_a_noisy_queue_follows_the_same_brownian_paths(noise, normalization):
+    """Two slots for seven systems, each on the Brownian path of its key in
+    `jr.split(key, B)`; additive noise with one sigma per system, and
+    multiplicative noise. The schedulings' arithmetic differs by rounding, which
+    moves an accepted step's end by an ulp and the Brownian bridge there by its
+    square root: they agree to the scheme's pathwise error only (~ tol^(1/2)).
+    Against another key's paths, their difference must be ten times smaller."""
+    from meanfield import _ensemble_queue
+
+    betas = jnp.linspace(0.5, 3.0, 7)
+    attn = jax.vmap(lambda b: mf.SoftmaxAttention(jnp.eye(3), A=b * jnp.eye(3)))(betas)
+    measures = _systems(7, 4, 3, seed=6)
+    options = dict(noise=noise, normalization=normalization, rtol=1e-4, atol=1e-4)
+    old = _ensemble_queue.PAIRS_PER_STEP
+    _ensemble_queue.PAIRS_PER_STEP = 2 * 16
+    try:
+        queue, vmap = _both(measures, attn, 0.5, key=jr.key(3), **options)
+    finally:
+        _ensemble_queue.PAIRS_PER_STEP = old
+    other = mf.simulate_ensemble(
+        measures, attn, 0.5, key=jr.key(4), scheduling="vmap", **options
+    )
+    np.testing.assert_array_equal(queue.result, vmap.result)
+    np.testing.assert_array_equal(queue.ts, vmap.ts)
+    same_paths = np.max(np.abs(queue.x[:, -1] - vmap.x[:, -1]))
+    other_paths = np.max(np.abs(other.x[:, -1] - vmap.x[:, -1]))
+    assert same_paths < 0.1 * other_paths, (same_paths, other_paths)
 
 
 @pytest.mark.parametrize("masked", [False, True])
