@@ -176,7 +176,9 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     floor = measure_floor()
-    rows = run(args.ns, args.ds, args.noise_ns, int(args.pairs), floor["exp_per_second"])
+    rows = run(
+        args.ns, args.ds, args.noise_ns, int(args.pairs), floor["exp_per_second"]
+    )
     device = jax.devices()[0].platform
     write_manifest(
         out / f"ensemble_scaling_{device}.json",

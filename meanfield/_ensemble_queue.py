@@ -256,9 +256,9 @@ def queue_solve(
         solver = _noisy_solve.on_sphere(solver)
 
     def problem(m, a, nz, k):
-        return _Problem(
-            m, a, nz, k, step_ts, t0, rate, rtol, atol, length, normalization, alpha, solver
-        )
+        tolerances = (t0, rate, rtol, atol)
+        options = (length, normalization, alpha, solver)
+        return _Problem(m, a, nz, k, step_ts, *tolerances, *options)
 
     attn_axis = 0 if batched_attention else None
     noise_axis = 0 if batched_noise else None
@@ -396,8 +396,10 @@ def applies(measures, noise, options) -> bool:
         names, kinds = (None, "tsit5", "dopri5", "dopri8"), QUEUE_SOLVERS
     else:
         names, kinds = (None, "heun", "midpoint", "ralston"), QUEUE_SDE_SOLVERS
-    known = solver in names if isinstance(solver, str | None) else (
-        isinstance(solver, kinds)
+    known = (
+        solver in names
+        if isinstance(solver, str | None)
+        else (isinstance(solver, kinds))
     )
     return (
         known
