@@ -20,6 +20,10 @@ exponentials alone take `floor_s`, and `floor_fraction` = floor_s / wall.
         [--check 256] [--full] [--out DIR]
 
 --full also times the whole grid (90 betas in [0.1, 9]) both ways.
+--tolerances instead measures the errors of the diagram's solves against the
+tight solve at rtol = atol in {1e-5, 1e-6, 1e-7}, float32 and float64, on
+`check` systems per beta of several samples (--seeds), with their steps and
+wall times (phase_tolerance_<device>.json): the table of docs/math/clusters.md.
 """
 
 import argparse
@@ -72,7 +76,8 @@ def euler(x, betas, dt=0.1):
     return np.stack(out, axis=1)  # (S, T, n, d)
 
 
-def ensemble(x, betas, **options):
+def ensemble(x, betas, steps=False, **options):
+    """The saves (S, T, n, d) in float64 (and the step counts if `steps`)."""
     dtype = x.dtype
     eye = jnp.eye(D, dtype=dtype)
     attn = jax.vmap(lambda b: mf.SoftmaxAttention(eye, A=b * eye))(
@@ -86,7 +91,8 @@ def ensemble(x, betas, **options):
         normalization="sphere",
         **options,
     )
-    return np.asarray(sol.x, np.float64)
+    x = np.asarray(sol.x, np.float64)
+    return (x, np.asarray(sol.num_steps)) if steps else x
 
 
 #: The lockstep float64 scheduling (`phase_diagram`'s options).
@@ -106,6 +112,7 @@ def timed(betas, systems, exp_rate, **options):
         out[attempt] = time.perf_counter() - start
     evaluations = systems * np.sum(1 + STAGES * diagram.mean_steps)
     out["mean_steps"] = float(diagram.mean_steps.mean())
+    out["completed"] = float(diagram.completed.min())  # 1: every system reached t1
     out["exponentials"] = float(evaluations * N * N)
     out["floor_s"] = out["exponentials"] / exp_rate
     out["floor_fraction"] = out["floor_s"] / out["wall_s"]
@@ -159,6 +166,51 @@ def run(n_betas, systems, check, full):
     return row, diagram
 
 
+#: The tolerances of the table in docs/math/clusters.md.
+TOLERANCES = (1e-5, 1e-6, 1e-7)
+
+
+def tolerance_table(n_betas, systems, check, seeds):
+    """Errors of the diagram's solves (work queue) against a tight solve.
+
+    For each seed, the tokens `phase_diagram(..., key=jr.key(seed))` draws, and
+    the first `check` systems of each beta.
+    """
+    betas = np.linspace(0.1, 9.0, n_betas)
+    per_system = np.repeat(betas, systems)
+    pick = (np.arange(n_betas)[:, None] * systems + np.arange(check)).ravel()
+    align = lambda x: np.asarray(mf.clustering.pair_alignment(x)).reshape(  # noqa: E731
+        n_betas, check, SAVES
+    )
+    rows = []
+    for seed in seeds:
+        x = jr.normal(jr.key(seed), (n_betas * systems, N, D))
+        x0 = np.asarray(x / jnp.linalg.norm(x, axis=-1, keepdims=True))[pick]
+        b = per_system[pick]
+        ref = ensemble(x0, b, rtol=1e-10, atol=1e-10, solver="dopri8")
+        ref_density = align(ref).mean(axis=1)
+        for tol in TOLERANCES:
+            for dtype in (np.float32, np.float64):
+                ensemble(x0.astype(dtype), b, rtol=tol, atol=tol)  # compile
+                start = time.perf_counter()
+                x, steps = ensemble(x0.astype(dtype), b, rtol=tol, atol=tol, steps=True)
+                wall = time.perf_counter() - start
+                err = np.abs(align(x).mean(axis=1) - ref_density)
+                row = dict(
+                    seed=seed,
+                    tolerance=tol,
+                    dtype=np.dtype(dtype).name,
+                    max_density_error=float(err.max()),
+                    entries_above_1e4=int(np.sum(err > 1e-4)),
+                    max_token_error=float(np.max(np.abs(x - ref))),
+                    mean_steps=float(steps.mean()),
+                    wall_s=wall,
+                )
+                print(row, flush=True)
+                rows.append(row)
+    return dict(betas=betas.tolist(), systems=systems, check=check, rows=rows)
+
+
 def plot(row, diagram, path):
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     mf.plotting.plot_phase_diagram(diagram, ax=left)
@@ -197,6 +249,18 @@ def main():
     )
     parser.add_argument("--full", action="store_true", help="also time the full grid")
     parser.add_argument(
+        "--tolerances",
+        action="store_true",
+        help="only the errors against the tight solve at three tolerances",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0, 11, 12, 13],
+        help="samples of --tolerances (keys of the tokens)",
+    )
+    parser.add_argument(
         "--out",
         default="out/benchmarks",
         help="output folder (default out/benchmarks; the committed results are "
@@ -205,10 +269,18 @@ def main():
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    device = jax.devices()[0].platform
+    if args.tolerances:
+        check = min(args.check, args.systems)
+        table = tolerance_table(args.betas, args.systems, check, args.seeds)
+        write_manifest(
+            out / f"phase_tolerance_{device}.json",
+            dict(manifest=manifest(vars(args), 0, None), **table),
+        )
+        return
     row, diagram = run(
         args.betas, args.systems, min(args.check, args.systems), args.full
     )
-    device = jax.devices()[0].platform
     write_manifest(
         out / f"phase_diagram_{device}.json",
         dict(manifest=manifest(vars(args), 0, None), rows=[row]),

@@ -8,7 +8,10 @@ that memory stays bounded and one compilation serves every chunk.
 
 import inspect
 import math
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
 import equinox as eqx
@@ -27,6 +30,24 @@ from ._simulate_inputs import check_noise, check_start, is_integer
 
 #: How `simulate_ensemble` schedules its systems.
 SCHEDULINGS = ("auto", "queue", "vmap")
+#: The smallest chunk `simulate_ensemble` cuts to give every core a chunk.
+MIN_CONCURRENT_CHUNK = 2048
+
+
+def concurrent_chunks() -> int:
+    """Chunks solved side by side: one per core on the CPU backend, else one.
+
+    XLA's CPU code spreads each of a solver step's many small operations over
+    the cores and waits for them all; two chunks of a phase diagram side by side
+    on a 2-core machine gave 1.6 times the throughput of one after the other
+    (`benchmarks/phase_diagram.py`).
+    """
+    if jax.default_backend() != "cpu":
+        return 1
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _leading(tree) -> set[int]:
@@ -180,14 +201,16 @@ def simulate_ensemble(
         or (scheduling == "auto" and _ensemble_queue.preferred(measures, noise))
     )
     count = 1 if chunk_size is None else math.ceil(size / int(chunk_size))
+    concrete = not any(
+        is_traced(leaf) for leaf in jax.tree.leaves((measures, attn, noise, keys))
+    )
+    streams = concurrent_chunks() if concrete else 1
+    if count < streams:  # at least one chunk per core, if each stays large
+        count = max(count, min(streams, size // MIN_CONCURRENT_CHUNK))
     width = math.ceil(size / count)
-    starts = range(0, size, width)
-    if progress:
-        from tqdm.auto import tqdm
+    starts = list(range(0, size, width))
 
-        starts = tqdm(starts, desc="simulate_ensemble", unit="chunk")
-    parts = []
-    for start in starts:
+    def solve_at(start):
         idx = np.minimum(np.arange(start, start + width), size - 1)
         take = lambda tree, idx=idx: jax.tree.map(  # noqa: E731
             lambda a: a[idx] if eqx.is_array(a) else a, tree
@@ -228,7 +251,19 @@ def simulate_ensemble(
                 ) from err
             raise
         keep = min(width, size - start)
-        parts.append(jax.tree.map(lambda a, keep=keep: a[:keep], chunk))
+        return jax.tree.map(lambda a, keep=keep: a[:keep], chunk)
+
+    workers = min(streams, len(starts))
+    with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
+        # Traced inputs (under jax.jit) stay in this thread: one stream.
+        parts = (pool.map if pool else map)(solve_at, starts)
+        if progress:
+            from tqdm.auto import tqdm
+
+            parts = tqdm(
+                parts, total=len(starts), desc="simulate_ensemble", unit="chunk"
+            )
+        parts = list(parts)
     if len(parts) == 1:
         return parts[0]
     return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)

@@ -204,3 +204,43 @@ def test_reduce_runs_on_each_chunk_and_equals_reducing_everything():
     assert got.shape == (B,)
     # The same solves in chunks of another width: rounding only.
     np.testing.assert_allclose(got, _final_radius(full), rtol=1e-12, atol=0)
+
+
+def test_chunks_side_by_side_give_the_chunks_one_after_the_other(monkeypatch):
+    """Three concurrent streams, and chunks cut to give each stream one: the same
+    result, bit for bit, as one chunk after the other."""
+    from meanfield import _ensemble
+
+    xs, betas = _systems()
+    eye = jnp.eye(D)
+    attn = jax.vmap(lambda b: mf.SoftmaxAttention(eye, A=b * eye))(betas)
+    measures = jax.vmap(mf.Particles)(xs)
+
+    def solve(streams, **options):
+        monkeypatch.setattr(_ensemble, "concurrent_chunks", lambda: streams)
+        return mf.simulate_ensemble(
+            measures, attn, 2.0, normalization="sphere", **options
+        )
+
+    one_stream = solve(1, chunk_size=2)
+    np.testing.assert_array_equal(solve(3, chunk_size=2).x, one_stream.x)
+    monkeypatch.setattr(_ensemble, "MIN_CONCURRENT_CHUNK", 2)
+    cut = solve(3)  # B = 5 cut into two chunks of 3
+    np.testing.assert_array_equal(cut.x, solve(1).x)
+    np.testing.assert_array_equal(cut.num_steps, one_stream.num_steps)
+
+
+@pytest.mark.slow
+def test_traced_systems_stay_in_one_stream(monkeypatch):
+    """Under jax.jit the chunks are traced in the caller's thread, in lockstep."""
+    from meanfield import _ensemble
+
+    monkeypatch.setattr(_ensemble, "concurrent_chunks", lambda: 3)
+    xs, betas = _systems()
+    eye = jnp.eye(D)
+    attn = jax.vmap(lambda b: mf.SoftmaxAttention(eye, A=b * eye))(betas)
+    measures = jax.vmap(mf.Particles)(xs)
+    options = dict(normalization="sphere", chunk_size=2, scheduling="vmap")
+    jitted = jax.jit(lambda m: mf.simulate_ensemble(m, attn, 2.0, **options).x)
+    plain = mf.simulate_ensemble(measures, attn, 2.0, **options)
+    np.testing.assert_allclose(jitted(measures), plain.x, rtol=0, atol=1e-12)
