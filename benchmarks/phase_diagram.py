@@ -5,9 +5,10 @@ on S^1 (d = 2), `systems` systems per beta, A = beta I, V = I, the sphere
 dynamics, t <= 30, 31 saves. Public reference scripts solve it with explicit
 Euler, dt = 0.1, renormalising the tokens after every step; here that scheme
 runs batched in float64 NumPy on a slice of the grid, beside
-`mf.clustering.phase_diagram` at its defaults (work queue, float32) and with
-lockstep scheduling in float64 (`scheduling="vmap"`, `dtype="float64"`,
-`chunk_size=4096`), and all are compared with a tight solve (Dopri8, rtol =
+`mf.clustering.phase_diagram` at its defaults (work queue, float32, rtol = atol
+= 1e-6) and at its previous ones (lockstep in float64, `scheduling="vmap"`,
+`dtype="float64"`, `chunk_size=4096`, rtol = atol = 1e-5), and all are compared
+with a tight solve (Dopri8, rtol =
 atol = 1e-10, float64) of the same tokens: the largest token error at the saves
 and the largest error of the merged-pair fraction (the diagram's value).
 
@@ -22,8 +23,8 @@ exponentials alone take `floor_s`, and `floor_fraction` = floor_s / wall.
 --full also times the whole grid (90 betas in [0.1, 9]) both ways.
 --tolerances instead measures the errors of the diagram's solves against the
 tight solve at rtol = atol in {1e-5, 1e-6, 1e-7}, float32 and float64, on
-`check` systems per beta of several samples (--seeds), with their steps and
-wall times (phase_tolerance_<device>.json): the table of docs/math/clusters.md.
+samples of `check` systems per beta (--seeds), with their steps and wall times
+(phase_tolerance_<device>.json): the table of docs/math/clusters.md.
 """
 
 import argparse
@@ -95,8 +96,9 @@ def ensemble(x, betas, steps=False, **options):
     return (x, np.asarray(sol.num_steps)) if steps else x
 
 
-#: The lockstep float64 scheduling (`phase_diagram`'s options).
-LOCKSTEP = dict(scheduling="vmap", dtype="float64", chunk_size=4096)
+#: The previous defaults of `phase_diagram`: lockstep in float64 at 1e-5.
+BEFORE = dict(rtol=1e-5, atol=1e-5)
+LOCKSTEP = dict(scheduling="vmap", dtype="float64", chunk_size=4096, **BEFORE)
 #: Field evaluations per attempted Tsit5 step (FSAL: 7 stages, one reused).
 STAGES = 6
 
@@ -136,15 +138,17 @@ def run(n_betas, systems, check, full):
     # Errors on `check` systems per beta against a tight solve of the same tokens.
     pick = (np.arange(n_betas)[:, None] * systems + np.arange(check)).ravel()
     ref = ensemble(x0[pick], per_system[pick], rtol=1e-10, atol=1e-10, solver="dopri8")
-    # The same solves as the diagram's: its tolerance without noise, in float32.
+    # The same solves as the diagram's: its tolerance without noise, in float32;
+    # and the previous defaults' (lockstep, float64, 1e-5).
     tol = dict(rtol=ODE_TOLERANCE, atol=ODE_TOLERANCE)
     row.update(tol)
+    row["lockstep_rtol"] = BEFORE["rtol"]
     ours = ensemble(x0[pick].astype(np.float32), per_system[pick], **tol)
     align = lambda x: np.asarray(mf.clustering.pair_alignment(x)).reshape(  # noqa: E731
         n_betas, check, SAVES
     )
     ref_density = align(ref).mean(axis=1)
-    lock = ensemble(x0[pick], per_system[pick], scheduling="vmap", **tol)
+    lock = ensemble(x0[pick], per_system[pick], scheduling="vmap", **BEFORE)
     for name, x in (("meanfield", ours), ("lockstep", lock), ("euler", peer[pick])):
         row[f"{name}_max_token_error"] = float(np.max(np.abs(x - ref)))
         row[f"{name}_max_density_error"] = float(
@@ -173,25 +177,24 @@ TOLERANCES = (1e-5, 1e-6, 1e-7)
 def tolerance_table(n_betas, systems, check, seeds):
     """Errors of the diagram's solves (work queue) against a tight solve.
 
-    For each seed, the tokens `phase_diagram(..., key=jr.key(seed))` draws, and
-    the first `check` systems of each beta.
+    For each seed, `check` systems per beta of tokens drawn from jr.key(seed);
+    the wall times are warm (the first seed compiles every configuration).
     """
     betas = np.linspace(0.1, 9.0, n_betas)
-    per_system = np.repeat(betas, systems)
-    pick = (np.arange(n_betas)[:, None] * systems + np.arange(check)).ravel()
     align = lambda x: np.asarray(mf.clustering.pair_alignment(x)).reshape(  # noqa: E731
         n_betas, check, SAVES
     )
     rows = []
-    for seed in seeds:
-        x = jr.normal(jr.key(seed), (n_betas * systems, N, D))
-        x0 = np.asarray(x / jnp.linalg.norm(x, axis=-1, keepdims=True))[pick]
-        b = per_system[pick]
+    for i, seed in enumerate(seeds):
+        x = jr.normal(jr.key(seed), (n_betas * check, N, D))
+        x0 = np.asarray(x / jnp.linalg.norm(x, axis=-1, keepdims=True))
+        b = np.repeat(betas, check)
         ref = ensemble(x0, b, rtol=1e-10, atol=1e-10, solver="dopri8")
         ref_density = align(ref).mean(axis=1)
         for tol in TOLERANCES:
             for dtype in (np.float32, np.float64):
-                ensemble(x0.astype(dtype), b, rtol=tol, atol=tol)  # compile
+                if i == 0:
+                    ensemble(x0.astype(dtype), b, rtol=tol, atol=tol)  # compile
                 start = time.perf_counter()
                 x, steps = ensemble(x0.astype(dtype), b, rtol=tol, atol=tol, steps=True)
                 wall = time.perf_counter() - start
@@ -257,7 +260,7 @@ def main():
         "--seeds",
         type=int,
         nargs="+",
-        default=[0, 11, 12, 13],
+        default=[0, 11, 12, 13, 14, 15, 16],
         help="samples of --tolerances (keys of the tokens)",
     )
     parser.add_argument(

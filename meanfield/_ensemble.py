@@ -2,8 +2,9 @@
 
 The published clustering experiments solve thousands of small systems, for
 instance 2048 systems of 32 tokens for each of 90 temperatures. Each system is an
-ordinary `simulate` solve; here they are vmapped together, in equal chunks so
-that memory stays bounded and one compilation serves every chunk.
+ordinary `simulate` solve; here they are solved together (a work queue or a
+vmap), in equal chunks so that memory stays bounded and one compilation serves
+every chunk, and on the CPU one chunk per core side by side.
 """
 
 import inspect
@@ -50,6 +51,20 @@ def concurrent_chunks() -> int:
         return os.cpu_count() or 1
 
 
+def chunk_layout(size: int, chunk_size: int | None, streams: int):
+    """(chunks, systems per chunk, chunks side by side) for B = `size` systems.
+
+    At most `chunk_size` systems per chunk, and at least `streams` chunks where
+    each keeps MIN_CONCURRENT_CHUNK systems.
+    """
+    count = 1 if chunk_size is None else math.ceil(size / int(chunk_size))
+    if count < streams:
+        count = max(count, min(streams, size // MIN_CONCURRENT_CHUNK))
+    width = math.ceil(size / count)
+    count = math.ceil(size / width)
+    return count, width, min(streams, count)
+
+
 def _leading(tree) -> set[int]:
     """Leading sizes of the array leaves of a pytree (empty when it has none)."""
     return {
@@ -86,9 +101,12 @@ def simulate_ensemble(
         batched_attention: whether `attn` carries the batch axis; None infers it
             (every array leaf of `attn` has leading size B). Pass False for a
             shared attention whose matrices happen to be B x B.
-        chunk_size: systems per compiled call (default: all B at once); the last
-            chunk is padded with copies of the final system, so every chunk
-            compiles once.
+        chunk_size: the most systems per compiled call (default: all B at
+            once); chunks are equal, the last padded with copies of the final
+            system, so every chunk compiles once. On the CPU the chunks run side
+            by side, one per core (so up to that many chunks are in memory at
+            once), and fewer chunks than cores are cut further while each keeps
+            at least 2048 systems.
         progress: show a progress bar over the chunks (tqdm).
         reduce: None, or a function of a chunk's `Solution` (batch axis first)
             returning a pytree of arrays with the batch axis first, applied
@@ -200,14 +218,11 @@ def simulate_ensemble(
         scheduling == "queue"
         or (scheduling == "auto" and _ensemble_queue.preferred(measures, noise))
     )
-    count = 1 if chunk_size is None else math.ceil(size / int(chunk_size))
     concrete = not any(
         is_traced(leaf) for leaf in jax.tree.leaves((measures, attn, noise, keys))
     )
     streams = concurrent_chunks() if concrete else 1
-    if count < streams:  # at least one chunk per core, if each stays large
-        count = max(count, min(streams, size // MIN_CONCURRENT_CHUNK))
-    width = math.ceil(size / count)
+    count, width, workers = chunk_layout(size, chunk_size, streams)
     starts = list(range(0, size, width))
 
     def solve_at(start):
@@ -253,7 +268,6 @@ def simulate_ensemble(
         keep = min(width, size - start)
         return jax.tree.map(lambda a, keep=keep: a[:keep], chunk)
 
-    workers = min(streams, len(starts))
     with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
         # Traced inputs (under jax.jit) stay in this thread: one stream.
         parts = (pool.map if pool else map)(solve_at, starts)

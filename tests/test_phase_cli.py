@@ -104,7 +104,7 @@ def test_phase_defaults_are_the_published_grid():
     cfg = resolve_config(None)
     assert cfg["betas"] == [0.1, 9.0, 90] and cfg["systems"] == 2048
     assert (cfg["n"], cfg["d"], cfg["t1"], cfg["saves"]) == (32, 2, 30.0, 31)
-    assert (cfg["rtol"], cfg["atol"]) == (1e-5, 1e-5)
+    assert (cfg["rtol"], cfg["atol"]) == (1e-6, 1e-6)
     noisy = resolve_config({"noise": {"kind": "common", "sigma": 0.2}})
     assert (noisy["rtol"], noisy["atol"]) == (1e-3, 1e-3)  # mf.simulate's with noise
 

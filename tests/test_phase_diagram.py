@@ -106,6 +106,8 @@ def test_phase_diagram_is_the_mean_alignment_of_its_systems(masked):
         key=jr.key(3),
         masked=masked,
         chunk_size=3,
+        rtol=1e-5,
+        atol=1e-5,
     )
     assert pd.density.shape == (2, 5) and pd.one_cluster.shape == (2, 5)
     np.testing.assert_array_equal(pd.completed, [1.0, 1.0])
@@ -184,6 +186,8 @@ def test_a_beta_whose_systems_partly_blow_up_averages_the_completed_ones():
         saveat=ts,
         attention="unnormalized",
         normalization=None,
+        rtol=1e-5,
+        atol=1e-5,
     )
     x = jr.normal(jr.key(0), (systems, n, d))
     x = x / jnp.linalg.norm(x, axis=-1, keepdims=True)

@@ -19,6 +19,7 @@ import jax.random as jr
 import numpy as np
 
 from .. import clustering, plotting
+from .._ensemble import chunk_layout, concurrent_chunks
 from .._noisy_solve import SDE_TOLERANCE
 from .config import (
     Key,
@@ -46,7 +47,7 @@ ATTENTIONS = ("softmax", "unnormalized")
 MAX_SYSTEMS = 10**6
 GIB = 2**30
 #: Default tolerance of the adaptive solver without noise (`phase_diagram`'s).
-ODE_TOLERANCE = 1e-5
+ODE_TOLERANCE = 1e-6
 
 
 def _alignment_eps(value, key: str, cfg) -> float:
@@ -150,12 +151,12 @@ SCHEMA: dict = {
     },
     "rtol": Key(
         or_else(_tolerance, number(positive=True)),
-        doc="Relative tolerance of the adaptive solver, > 0. Omitted: 1e-5, or "
+        doc="Relative tolerance of the adaptive solver, > 0. Omitted: 1e-6, or "
         "1e-3 with noise (Heun's method, `mf.simulate`'s default).",
     ),
     "atol": Key(
         or_else(_tolerance, number(positive=True)),
-        doc="Absolute tolerance of the adaptive solver, > 0. Omitted: 1e-5, or "
+        doc="Absolute tolerance of the adaptive solver, > 0. Omitted: 1e-6, or "
         "1e-3 with noise (Heun's method, `mf.simulate`'s default).",
     ),
     "chunk_size": Key(
@@ -191,7 +192,7 @@ def resolve_config(config: dict | None) -> dict:
     `masked` (causal), `heads` (dividing d), `eps` (alignment tolerance in
     (0, 2)), a `[noise]` table (`kind` "none" | "independent" | "common",
     `sigma` >= 0, `seed` of the Brownian paths; noise only with normalization
-    "none" or "sphere"), `rtol`, `atol` (> 0; 1e-5, or 1e-3 with noise),
+    "none" or "sphere"), `rtol`, `atol` (> 0; 1e-6, or 1e-3 with noise),
     `chunk_size` (systems per compiled call) and `log_time` (the figure's time
     axis).
 
@@ -212,12 +213,15 @@ def memory_bytes(cfg: dict) -> tuple[int, int]:
     Every system (betas x systems, float64): its initial tokens twice (drawn,
     then put on the sphere), its weights, its V and A, its alignment at the save
     times; a chunk: its saved tokens (saves, n, d) and one attention matrix
-    (n, n) per system.
+    (n, n) per system, times the chunks solved side by side (one per core on
+    the CPU, `mf.simulate_ensemble`).
     """
     n, d, saves = cfg["n"], cfg["d"], cfg["saves"]
     systems = cfg["betas"][2] * cfg["systems"]
     every = 8 * systems * (2 * n * d + n + 2 * d * d + saves)
-    chunk = 8 * min(cfg["chunk_size"], systems) * n * (saves * d + n)
+    streams = concurrent_chunks()
+    _, width, side_by_side = chunk_layout(systems, cfg["chunk_size"], streams)
+    chunk = 8 * side_by_side * width * n * (saves * d + n)
     return every, chunk
 
 
