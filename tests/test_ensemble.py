@@ -206,6 +206,9 @@ def test_reduce_runs_on_each_chunk_and_equals_reducing_everything():
     np.testing.assert_allclose(got, _final_radius(full), rtol=1e-12, atol=0)
 
 
+# Slow tier: the default tier runs its chunks side by side wherever a test passes
+# `chunk_size` (one stream per core).
+@pytest.mark.slow
 def test_chunks_side_by_side_give_the_chunks_one_after_the_other(monkeypatch):
     """Three concurrent streams, and chunks cut to give each stream one: the same
     result, bit for bit, as one chunk after the other."""
