@@ -6,7 +6,7 @@ dynamics, t <= 30, 31 saves. Public reference scripts solve it with explicit
 Euler, dt = 0.1, renormalising the tokens after every step; here that scheme
 runs batched in float64 NumPy on a slice of the grid, beside
 `mf.clustering.phase_diagram` at its defaults (work queue, float32, rtol = atol
-= 1e-6) and at its previous ones (lockstep in float64, `scheduling="vmap"`,
+= 1e-6) and as a vmapped solve in float64 (`scheduling="vmap"`,
 `dtype="float64"`, `chunk_size=4096`, rtol = atol = 1e-5), and all are compared
 with a tight solve (Dopri8, rtol =
 atol = 1e-10, float64) of the same tokens: the largest token error at the saves
@@ -96,7 +96,7 @@ def ensemble(x, betas, steps=False, **options):
     return (x, np.asarray(sol.num_steps)) if steps else x
 
 
-#: The previous defaults of `phase_diagram`: lockstep in float64 at 1e-5.
+#: The baseline: lockstep in float64 at 1e-5, as a vmapped `simulate` would solve it.
 BEFORE = dict(rtol=1e-5, atol=1e-5)
 LOCKSTEP = dict(scheduling="vmap", dtype="float64", chunk_size=4096, **BEFORE)
 #: Field evaluations per attempted Tsit5 step (FSAL: 7 stages, one reused).
