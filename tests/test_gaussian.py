@@ -46,7 +46,9 @@ def _mc_slope(attn, gauss, ns, key, seeds, z_key):
     return np.polyfit(np.log(ns), np.log(errs), 1)[0], errs
 
 
-@pytest.mark.parametrize("family", ["softmax", "l2"])
+@pytest.mark.parametrize(
+    "family", ["softmax", pytest.param("l2", marks=pytest.mark.slow)]
+)
 def test_affine_field_matches_monte_carlo_at_rate_one_over_sqrt_n(key, family):
     d = 2
     A, V, Q, K = _random(jr.key(1), d, 0.4)

@@ -166,6 +166,8 @@ def test_systems_that_stop_early_are_reported_not_averaged():
         saveat=np.linspace(0, 0.05, 3),
         attention="unnormalized",
         normalization=None,
+        rtol=1e-5,
+        atol=1e-5,
     )
     np.testing.assert_array_equal(pd.completed, [1.0, 0.0])
     assert np.all(np.isfinite(pd.density[0])) and np.all(np.isnan(pd.density[1, 1:]))
