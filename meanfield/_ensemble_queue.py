@@ -418,8 +418,8 @@ def slots_for(size: int, n: int) -> int:
 def preferred(measures, noise) -> bool:
     """Whether "auto" takes the queue: measured faster than lockstep there.
 
-    `benchmarks/ensemble_scaling.py`: 5x at n = 128-256, d = 2; even at n = 128,
-    d = 16; at n = 256, d = 16 lockstep is 1.6x faster (four slots of 256 tokens
+    `benchmarks/ensemble_scaling.py`: 6-9x at n = 128-256, d = 2; even at n = 128,
+    d = 16; at n = 256, d = 16 lockstep is 1.3x faster (four slots of 256 tokens
     leave a step's fixed costs large against its field). With a noise the
     Brownian path dominates a step and step counts vary little: no faster.
     """
