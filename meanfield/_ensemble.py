@@ -39,9 +39,8 @@ def concurrent_chunks() -> int:
     """Chunks solved side by side: one per core on the CPU backend, else one.
 
     XLA's CPU code spreads each of a solver step's many small operations over
-    the cores and waits for them all; two chunks of a phase diagram side by side
-    on a 2-core machine gave 1.6 times the throughput of one after the other
-    (`benchmarks/phase_diagram.py`).
+    the cores and waits for them all, so one chunk leaves the cores idle part of
+    the time; chunks side by side keep them busy.
     """
     if jax.default_backend() != "cpu":
         return 1
