@@ -2,9 +2,9 @@
 
 The grid of Geshkovski, Letrouit, Polyanskiy & Rigollet: n = 32 tokens uniform
 on S^1 (d = 2), `systems` systems per beta, A = beta I, V = I, the sphere
-dynamics, t <= 30, 31 saves. Public reference scripts solve it with explicit
-Euler, dt = 0.1, renormalising the tokens after every step; here that scheme
-runs batched in float64 NumPy on a slice of the grid, beside
+dynamics, t <= 30, 31 saves. The usual scheme for it is explicit Euler,
+dt = 0.1, renormalising the tokens after every step; here that scheme runs
+batched in float64 NumPy on a slice of the grid, beside
 `mf.clustering.phase_diagram` at its defaults (work queue, float32, rtol = atol
 = 1e-6) and as a vmapped solve in float64 (`scheduling="vmap"`,
 `dtype="float64"`, `chunk_size=4096`, rtol = atol = 1e-5), and all are compared
@@ -61,7 +61,7 @@ def tokens(count):
 
 
 def euler(x, betas, dt=0.1):
-    """Peer scheme: x <- Norm(x + dt softmax(beta x x^T) x), saves every unit of t."""
+    """Explicit Euler, renormalised: x <- Norm(x + dt softmax(beta x x^T) x), saves every unit of t."""
     x = x.copy()
     per_save = round(1.0 / dt)
     out = [x.copy()]
