@@ -61,7 +61,10 @@ def tokens(count):
 
 
 def euler(x, betas, dt=0.1):
-    """Explicit Euler, renormalised: x <- Norm(x + dt softmax(beta x x^T) x), saves every unit of t."""
+    """Explicit Euler, renormalised: x <- Norm(x + dt softmax(beta x x^T) x).
+
+    Saves every unit of t, (S, T, n, d).
+    """
     x = x.copy()
     per_save = round(1.0 / dt)
     out = [x.copy()]
