@@ -297,16 +297,15 @@ def _solve_queued(measures, attn, noise, keys, batched, t1, options, static, red
 
     `batched` says whether the attention and the noise carry the batch axis.
     """
-    take = _ensemble_queue.take_systems
-    batched_attention, batched_noise = batched
+    take, take_if = _ensemble_queue.take_systems, _ensemble_queue.take_if
 
     def redo(index):
         # Padded to a power of two: few distinct compilations.
         padded = np.resize(index, 1 << math.ceil(math.log2(index.size)))
         sol = _solve_chunk(
             take(measures, padded),
-            take(attn, padded) if batched_attention else attn,
-            take(noise, padded) if batched_noise else noise,
+            take_if(attn, padded, batched[0]),
+            take_if(noise, padded, batched[1]),
             None if keys is None else keys[padded],
             t1,
             batched,
@@ -315,18 +314,8 @@ def _solve_queued(measures, attn, noise, keys, batched, t1, options, static, red
         )
         return take(sol, np.arange(index.size))
 
-    sol = _ensemble_queue.solve(
-        measures,
-        attn,
-        batched_attention,
-        noise,
-        keys,
-        batched_noise,
-        t1,
-        options,
-        resolve_solve,
-        redo,
-    )
+    systems = (measures, attn, noise, keys)
+    sol = _ensemble_queue.solve(systems, batched, t1, options, resolve_solve, redo)
     return sol if reduce is None else _reduce(reduce, sol)
 
 

@@ -51,6 +51,11 @@ def take_systems(tree, index):
     return jax.tree.map(lambda a: a[index] if eqx.is_array(a) else a, tree)
 
 
+def take_if(tree, index, batched: bool):
+    """`take_systems` for a tree that may be shared by every system."""
+    return take_systems(tree, index) if batched else tree
+
+
 def _select(mask, new, old):
     """Per-slot choice between two batched pytrees (mask of shape (slots,))."""
 
@@ -198,12 +203,8 @@ class QueueOut(eqx.Module):
 
 @eqx.filter_jit
 def queue_solve(
-    measures,
-    attn,
-    batched_attention: bool,
-    noise,
-    keys,
-    batched_noise: bool,
+    systems,
+    batched: tuple[bool, bool],
     t0,
     t1,
     save_s,
@@ -222,12 +223,10 @@ def queue_solve(
     """Solve B systems over `slots` slots (see the module docstring).
 
     Args:
-        measures: B measures (batch axis first), already checked.
-        attn: one attention, or B of them.
-        batched_attention: whether `attn` carries the batch axis.
-        noise: None (ODEs) or the noise, one or B of them.
-        keys: None, or the B keys of the systems' Brownian paths.
-        batched_noise: whether `noise` carries the batch axis.
+        systems: (measures, attn, noise, keys): B measures (batch axis first),
+            already checked; one attention or B of them; None (ODEs) or the
+            noise, one or B of them; None or the B keys of the Brownian paths.
+        batched: whether the attention and the noise carry the batch axis.
         t0: start of the interval (traced scalar of the tokens' dtype).
         t1: its end.
         save_s: save times on the solver clock (T,), non-decreasing in [0, L].
@@ -244,6 +243,8 @@ def queue_solve(
         max_steps: the step budget of each system.
         slots: systems stepping together (at most B).
     """
+    measures, attn, noise, keys = systems
+    batched_attention, batched_noise = batched
     if normalization in ON_SPHERE:
         measures = jax.vmap(measure_on_sphere)(measures)
     x0 = measures.x
@@ -303,8 +304,8 @@ def queue_solve(
         sys = c["sys"]
         active = sys < size
         index = jnp.minimum(sys, size - 1)
-        a_slot = take_systems(attn, index) if batched_attention else attn
-        noise_slot = take_systems(noise, index) if batched_noise else noise
+        a_slot = take_if(attn, index, batched_attention)
+        noise_slot = take_if(noise, index, batched_noise)
         keep, s_prev, s_next, y, fstate, cstate, ok, interp = jax.vmap(
             step_slot, in_axes=(0, attn_axis, noise_axis, key_axis, 0, 0, 0, 0, 0)
         )(
@@ -454,27 +455,13 @@ def assemble(out: QueueOut, measures, t0, t1, ts, *, normalization, saved_ends):
     )
 
 
-def solve(
-    measures,
-    attn,
-    batched_attention,
-    noise,
-    keys,
-    batched_noise,
-    t1,
-    options,
-    resolve_solve,
-    redo,
-):
+def solve(systems, batched, t1, options, resolve_solve, redo):
     """B systems: the queue, then `redo(indices)` for those it did not end cleanly.
 
     Args:
-        measures: B measures, as `simulate_ensemble`'s.
-        attn: one attention or B of them.
-        batched_attention: whether `attn` carries the batch axis.
-        noise: None, or one noise or B of them.
-        keys: None, or the B keys of the Brownian paths.
-        batched_noise: whether `noise` carries the batch axis.
+        systems: (measures, attn, noise, keys) as `queue_solve`'s; the
+            measures as `simulate_ensemble`'s.
+        batched: whether the attention and the noise carry the batch axis.
         t1: the final time.
         options: `simulate`'s keywords.
         resolve_solve: `_dynamics.resolve_solve` (checks and resolved arguments).
@@ -484,13 +471,15 @@ def solve(
     Returns:
         A `Solution` with batch axis B.
     """
+    measures, attn, noise, keys = systems
     size, n = measures.x.shape[:2]
-    first = take_systems(measures, 0)
-    one_attn = take_systems(attn, 0) if batched_attention else attn
-    one_noise = take_systems(noise, 0) if batched_noise else noise
-    one_key = None if keys is None else keys[0]
     _, args, kwargs = resolve_solve(
-        first, one_attn, t1, noise=one_noise, key=one_key, **options
+        take_systems(measures, 0),
+        take_if(attn, 0, batched[0]),
+        t1,
+        noise=take_if(noise, 0, batched[1]),
+        key=None if keys is None else keys[0],
+        **options,
     )
     t0, t1_, fractions, ts = args[4], args[5], args[6], args[7]
     rtol, atol, log_radius = args[9], args[10], args[11]
@@ -500,12 +489,8 @@ def solve(
     if noise is not None and fractions is not None:
         step_ts = jnp.asarray(fractions, dtype) * length  # as `sde_controller`
     out = queue_solve(
-        measures,
-        attn,
-        batched_attention,
-        noise,
-        keys,
-        batched_noise,
+        systems,
+        batched,
         t0,
         t1_,
         saves_on_clock(fractions, length, dtype),
