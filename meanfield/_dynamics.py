@@ -36,6 +36,7 @@ from ._measures import AbstractParticles
 from ._noise import AbstractNoise
 from ._normalization import NORMALIZATIONS as NORMALIZATIONS
 from ._normalization import ON_SPHERE
+from ._progress import progress_meter
 from ._repr import fields_repr, status_brief
 from ._simulate_inputs import check_common as _check_common
 from ._simulate_inputs import (
@@ -262,6 +263,8 @@ def simulate(
             normalization None or "sphere". Gradients are pathwise (fixed key).
         key: a JAX PRNG key, `jax.random.key(seed)`, required with `noise`: one
             key is one Brownian path, whatever the solver, dt0 or tolerances.
+            The path is drawn in the tokens' dtype: a float32 and a
+            float64 run of one key follow different paths (of the same law).
 
     Returns:
         A `Solution` (ts, x, blowup_time, status, measure(i)). Under jax.jit or
@@ -277,7 +280,9 @@ def simulate(
             non-finite or both 0, max_steps not an integer >= 1, adjoint not a
             diffrax adjoint, ngpt_alpha not finite, a zero token with a
             normalization; `noise` without `key` or the reverse, a key that is not
-            a PRNG key, `noise` with another normalization or an ODE-only solver.
+            a PRNG key, `noise` with another normalization or an ODE-only solver,
+            a Milstein solver where the noise is not additive (`ItoMilstein`
+            always).
     """
     measure, args, kwargs = resolve_solve(
         measure,
@@ -299,10 +304,8 @@ def simulate(
         key=key,
     )
     sol = _solve(*args, **kwargs)
-    traced = is_traced(measure.x)
-    if traced:  # the checks `check_start` makes on the host, per member
-        sol = mark_invalid_start(sol, measure.x, normalization, blowup_radius)
-    return sol
+    # The checks of the tokens and sigma made on the host, for traced ones.
+    return mark_invalid_start(sol, measure.x, normalization, blowup_radius, noise)
 
 
 def resolve_solve(
@@ -334,6 +337,8 @@ def resolve_solve(
     measure = _check_common(measure, attn, normalization)
     check_noise(noise, key, normalization)
     solver, adaptive = (_solver if noise is None else _noisy_solve.sde_solver)(solver)
+    if noise is not None:
+        _noisy_solve.check_solver_noise(solver, noise, normalization)
     tol = 1e-6 if noise is None else _noisy_solve.SDE_TOLERANCE
     rtol, atol = (tol if v is None else v for v in (rtol, atol))
     check_finite_times(t0=t0, t1=t1)
@@ -352,17 +357,24 @@ def resolve_solve(
     if dt0 is not None and not float(dt0) > 0:
         raise ValueError(f"`dt0` must be positive; got {dt0}.")
     dtype = measure.x.dtype
-    # The solver clock (`_clock`): its length, the save fractions and a fixed
-    # step are compile-time constants, t0 and t1 traced; tolerances and the
-    # blow-up radius are traced too. A study over them, a tight reference beside
-    # a default solve, or the next segment of a run all reuse one compiled solve,
-    # and that solve can be kept in JAX's persistent cache.
+    # The solver clock (`_clock`): t0, t1, its length, the save times and
+    # fractions, a fixed step, the tolerances and the blow-up radius are all
+    # traced arrays. A sweep over any of them, a tight reference beside a
+    # default solve, or the next segment of a run reuse one compiled solve, and
+    # that solve can be kept in JAX's persistent cache. NumPy, not jnp:
+    # converting on the host compiles nothing.
     length = clock_length(t0, t1)
-    # NumPy, not jnp: converting on the host compiles nothing.
+    fractions, checked = save_fractions(saveat, float(t0), float(t1))
     if saveat is None or is_traced(saveat):
         ts = None if saveat is None else saveat.astype(dtype)
     else:
         ts = np.asarray(saveat, dtype)
+    ds0 = None if dt0 is None else float(dt0) / (float(t1) - float(t0)) * length
+    grid, depth = None, None
+    if noise is not None:
+        depth = _noisy_solve.brownian_depth(None if ds0 is None else length / ds0)
+        if ds0 is not None and checked:  # save times are step ends
+            grid = np.asarray(_noisy_solve.fixed_grid(fractions, length, ds0), dtype)
     args = (
         measure,
         attn,
@@ -370,15 +382,18 @@ def resolve_solve(
         key,
         np.asarray(t0, dtype),
         np.asarray(t1, dtype),
-        save_fractions(saveat, float(t0), float(t1)),
+        np.asarray(length, dtype),
+        fractions if not checked or fractions is None else fractions.astype(dtype),
         ts,
-        None if dt0 is None else float(dt0) / (float(t1) - float(t0)) * length,
+        None if ds0 is None else np.asarray(ds0, dtype),
+        grid,
         np.asarray(rtol, dtype),
         np.asarray(atol, dtype),
         np.asarray(math.log(blowup_radius), dtype),
     )
     kwargs = dict(
-        length=length,
+        checked=checked,
+        brownian_depth=depth,
         solver=solver,
         max_steps=int(max_steps),
         normalization=normalization,
@@ -397,14 +412,17 @@ def _solve(
     key,
     t0,
     t1,
+    length,
     fractions,
     ts,
     ds0,
+    grid,
     rtol,
     atol,
     log_radius,
     *,
-    length,
+    checked,
+    brownian_depth,
     solver,
     max_steps,
     normalization,
@@ -414,11 +432,13 @@ def _solve(
 ) -> Solution:
     """The diffrax solve of `simulate` on the solver clock (validated there).
 
-    Jitted once per (measure/attention structure, shapes, clock length, save
-    fractions, fixed step, options): t0, t1, the save times, the tolerances and
-    log(blowup_radius) are traced arrays, and so are the noise and its key.
-    diffrax's own checks see constants only (`_clock.checked_on_host`), so the
-    program holds no host callback and JAX's persistent cache can keep it.
+    Jitted once per (measure/attention structure, shapes, options): t0, t1, the
+    clock's length L, the save times and fractions (T,), a fixed step ds0, the
+    step grid of a fixed-step noisy solve, the tolerances and log(blowup_radius)
+    are traced arrays, and so are the noise and its key. With `checked` (save
+    times validated on the host) diffrax's own checks compile without their
+    callback (`_clock.checked_on_host`), so the program holds none and JAX's
+    persistent cache can keep it.
     """
     if normalization in ON_SPHERE:
         measure = measure_on_sphere(measure)
@@ -452,28 +472,26 @@ def _solve(
         controller = dfx.ConstantStepSize()
     step0 = None if ds0 is None else jnp.asarray(ds0, dtype)
     if noise is not None:  # save times are step ends (`_noisy_solve`)
-        args = (controller, fractions, length, ds0, dtype)
+        args = (controller, fractions, length, ds0, grid, dtype)
         controller, step0 = _noisy_solve.sde_controller(*args)
     # The event time to 64 ulps of s (relative), or far below any step near 0.
     bisection = SignBisection(rtol=64 * float(jnp.finfo(dtype).eps), atol=1e-30)
-    meter = (
-        dfx.TqdmProgressMeter(refresh_steps=20) if progress else dfx.NoProgressMeter()
-    )
+    meter = progress_meter(progress)
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
     terms = dfx.ODETerm(_velocity_field(attn, measure, normalization, alpha, t0, rate))
     if noise is not None:  # drift and diffusion (`_noisy_solve`)
         if normalization in ON_SPHERE:
             solver = _noisy_solve.on_sphere(solver)
-        args = (noise, key, x0, normalization, rate, length, ds0, solver)
+        args = (noise, key, x0, normalization, rate, length, brownian_depth, solver)
         terms = _noisy_solve.sde_terms(terms.vector_field, *args)
-    with checked_on_host(fractions):
+    with checked_on_host(checked):
         sol = diffeqsolve_in_jit(
             terms,
             solver,
             # Concrete times in the state's dtype (diffrax would promote a float32
             # state to a float64 time).
             jnp.asarray(0.0, dtype),
-            jnp.asarray(length, dtype),
+            length,
             step0,
             (x0, jnp.zeros(2, dtype)),
             saveat=save,

@@ -10,6 +10,7 @@ every chunk, and on the CPU one chunk per core side by side.
 import inspect
 import math
 import os
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -24,10 +25,15 @@ import numpy as np
 from . import _ensemble_queue
 from ._attention.base import AbstractAttention
 from ._checks import check_finite_times, is_traced
-from ._dynamics import Solution, resolve_solve, simulate
+from ._dynamics import Solution, _solve, resolve_solve, simulate
 from ._measures import AbstractParticles
 from ._noise import AbstractNoise
-from ._simulate_inputs import check_noise, check_start, is_integer
+from ._simulate_inputs import (
+    check_noise,
+    check_start,
+    is_integer,
+    mark_invalid_start,
+)
 
 #: How `simulate_ensemble` schedules its systems.
 SCHEDULINGS = ("auto", "queue", "vmap")
@@ -64,6 +70,59 @@ def chunk_layout(size: int, chunk_size: int | None, streams: int):
     return count, width, min(streams, count)
 
 
+class ChunkLog:
+    """The chunks of a study solved so far: resume it by its completed chunks.
+
+    `simulate_ensemble(..., chunks=log)` (and `mf.clustering.phase_diagram`,
+    `mf.gaussian.blowup_times`) solves only the chunks that `done` lacks and
+    records every chunk it solves: `done[index] = output`, then
+    `on_chunk(index, output)`, where a study writes its checkpoint. After an
+    interruption, a log holding the outputs read back resumes the study. A chunk
+    is the same computation whatever ran before it (the same systems, padding and
+    compiled program), so a resumed study ends with the arrays of an
+    uninterrupted one, bit for bit.
+
+    Args:
+        done: chunk index (from 0) -> that chunk's output as the call returns it
+            for its systems (after `reduce`), e.g. read back from a checkpoint.
+        width: systems per chunk of `simulate_ensemble`; None: its own choice
+            (`chunk_layout`), recorded here before the first chunk. Given, it is
+            kept, so that a resumed call cuts the systems as the interrupted one
+            did, also on a machine with another number of cores.
+            `blowup_times` cuts by its `chunk_size` alone and leaves it alone.
+        on_chunk: None, or a function called as `on_chunk(index, output)` after
+            every chunk solved, one call at a time, from the thread that solved
+            the chunk (chunks run side by side on the CPU): a chunk that ends
+            while an interrupt stops the call is still recorded.
+    """
+
+    def __init__(
+        self,
+        done: dict[int, Any] | None = None,
+        *,
+        width: int | None = None,
+        on_chunk: Callable[[int, Any], None] | None = None,
+    ):
+        if width is not None and (
+            isinstance(width, bool) or not is_integer(width) or width < 1
+        ):
+            raise ValueError(f"`width` must be an integer >= 1; got {width!r}.")
+        self.done = {} if done is None else dict(done)
+        self.width = None if width is None else int(width)
+        self.on_chunk = on_chunk
+        self._lock = threading.Lock()
+
+    def record(self, index: int, output: Any) -> None:
+        """Store chunk `index`'s output and call `on_chunk` (under a lock)."""
+        with self._lock:
+            self.done[index] = output
+            if self.on_chunk is not None:
+                self.on_chunk(index, output)
+
+    def __repr__(self) -> str:
+        return f"ChunkLog(done={sorted(self.done)}, width={self.width})"
+
+
 def _leading(tree) -> set[int]:
     """Leading sizes of the array leaves of a pytree (empty when it has none)."""
     return {
@@ -83,6 +142,7 @@ def simulate_ensemble(
     noise: AbstractNoise | None = None,
     key: jax.Array | None = None,
     scheduling: str = "auto",
+    chunks: ChunkLog | None = None,
     **options,
 ) -> Any:
     """Solve B independent particle systems: one `simulate` per system, vmapped.
@@ -132,6 +192,10 @@ def simulate_ensemble(
             and n <= 128 or d <= 8), else "vmap". Both give each system its own
             `simulate`'s result to the solver's tolerance (with multiplicative
             noise, to the scheme's pathwise error on the same Brownian path).
+        chunks: None, or a `ChunkLog`: the chunks it holds are taken from it,
+            not solved again, and every chunk solved is recorded in it (a
+            checkpoint after each chunk; see `ChunkLog`). The progress bar
+            starts at the chunks it holds.
         **options: any keyword of `mf.simulate` (saveat, solver, rtol, atol, dt0,
             max_steps, normalization, blowup_radius, t0), shared by all systems.
 
@@ -182,22 +246,32 @@ def simulate_ensemble(
     check_noise(noise, key, options.get("normalization"), batch=size)
     batched_noise = noise is not None and jnp.ndim(noise.sigma) == 1
     keys = None if noise is None else jr.split(key, size)
+    defaults = inspect.signature(simulate).parameters
     if not is_traced(measures.x):
         # simulate's checks of the tokens, on the host for every system: traced
         # inside the vmap they could only mark a member "invalid_input".
-        defaults = inspect.signature(simulate).parameters
         check_start(
             measures.x,
             options.get("normalization", defaults["normalization"].default),
             options.get("blowup_radius", defaults["blowup_radius"].default),
             name="measures",
         )
-    # Host arrays (saveat) as tuples: options are compile-time constants, like
-    # simulate's own save fractions.
-    static_options = tuple(
-        (key, tuple(np.asarray(v).tolist()) if np.ndim(v) > 0 else v)
-        for key, v in sorted(options.items())
+    # simulate's checks and resolved arguments, once for every system: the
+    # times, save times and tolerances are traced arrays shared by the systems
+    # (a sweep over t1 or the save times reuses the compiled chunk).
+    _, args, kwargs = resolve_solve(
+        _ensemble_queue.take_systems(measures, 0),
+        _ensemble_queue.take_if(attn, 0, batched_attention),
+        t1,
+        noise=_ensemble_queue.take_if(noise, 0, batched_noise),
+        key=None if keys is None else keys[0],
+        **options,
     )
+    radius = np.asarray(
+        options.get("blowup_radius", defaults["blowup_radius"].default),
+        measures.x.dtype,
+    )
+    resolved = (args[4:], radius, kwargs)
     # Small systems: a work queue of slots (`_ensemble_queue`).
     if scheduling not in SCHEDULINGS:
         raise ValueError(
@@ -222,7 +296,23 @@ def simulate_ensemble(
     )
     streams = concurrent_chunks() if concrete else 1
     count, width, workers = chunk_layout(size, chunk_size, streams)
+    done = {}
+    if chunks is not None:
+        if chunks.width is None:
+            chunks.width = width
+        else:  # the layout of the run it resumes
+            width = min(chunks.width, size)
+            count = math.ceil(size / width)
+            workers = min(streams, count)
+        stray = sorted(set(chunks.done) - set(range(count)))
+        if stray:
+            raise ValueError(
+                f"`chunks` holds chunks {stray}, but B = {size} systems in chunks "
+                f"of {width} make {count} (indices 0 to {count - 1})."
+            )
+        done = dict(chunks.done)
     starts = list(range(0, size, width))
+    todo = [index for index in range(count) if index not in done]
 
     def solve_at(start):
         idx = np.minimum(np.arange(start, start + width), size - 1)
@@ -237,9 +327,7 @@ def simulate_ensemble(
                     take(noise) if batched_noise else noise,
                     take(keys),
                     (batched_attention, batched_noise),
-                    t1,
-                    options,
-                    static_options,
+                    resolved,
                     reduce,
                 )
             else:
@@ -248,9 +336,8 @@ def simulate_ensemble(
                     take(attn) if batched_attention else attn,
                     take(noise) if batched_noise else noise,
                     take(keys),
-                    t1,
                     (batched_attention, batched_noise),
-                    static_options,
+                    resolved,
                     reduce,
                 )
         except (ValueError, TypeError) as err:
@@ -267,16 +354,28 @@ def simulate_ensemble(
         keep = min(width, size - start)
         return jax.tree.map(lambda a, keep=keep: a[:keep], chunk)
 
+    def solve_index(index):
+        out = solve_at(starts[index])
+        if chunks is not None:  # in the worker: recorded even if the caller stops
+            chunks.record(index, out)
+        return out
+
+    workers = min(workers, max(1, len(todo)))
     with ThreadPoolExecutor(workers) if workers > 1 else nullcontext() as pool:
         # Traced inputs (under jax.jit) stay in this thread: one stream.
-        parts = (pool.map if pool else map)(solve_at, starts)
+        solved = (pool.map if pool else map)(solve_index, todo)
         if progress:
             from tqdm.auto import tqdm
 
-            parts = tqdm(
-                parts, total=len(starts), desc="simulate_ensemble", unit="chunk"
+            solved = tqdm(
+                solved,
+                total=count,
+                initial=count - len(todo),
+                desc="simulate_ensemble",
+                unit="chunk",
             )
-        parts = list(parts)
+        done.update(zip(todo, solved, strict=True))
+    parts = [done[index] for index in range(count)]
     if len(parts) == 1:
         return parts[0]
     return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
@@ -292,10 +391,11 @@ def _works_shared(attn, measures) -> bool:
     return True
 
 
-def _solve_queued(measures, attn, noise, keys, batched, t1, options, static, reduce):
+def _solve_queued(measures, attn, noise, keys, batched, resolved, reduce):
     """A chunk through the work queue; systems it hands back go to `_solve_chunk`.
 
-    `batched` says whether the attention and the noise carry the batch axis.
+    `batched` says whether the attention and the noise carry the batch axis;
+    `resolved` is as `_solve_chunk`'s.
     """
     take, take_if = _ensemble_queue.take_systems, _ensemble_queue.take_if
 
@@ -307,15 +407,14 @@ def _solve_queued(measures, attn, noise, keys, batched, t1, options, static, red
             take_if(attn, padded, batched[0]),
             take_if(noise, padded, batched[1]),
             None if keys is None else keys[padded],
-            t1,
             batched,
-            static,
+            resolved,
             None,
         )
         return take(sol, np.arange(index.size))
 
     systems = (measures, attn, noise, keys)
-    sol = _ensemble_queue.solve(systems, batched, t1, options, resolve_solve, redo)
+    sol = _ensemble_queue.solve(systems, batched, resolved, redo)
     return sol if reduce is None else _reduce(reduce, sol)
 
 
@@ -340,15 +439,20 @@ def _check_reduced(out, width):
 
 
 @eqx.filter_jit
-def _solve_chunk(measures, attn, noise, keys, t1, batched, options, reduce):
-    """One compiled vmap of `simulate` over a chunk of systems, then `reduce`.
+def _solve_chunk(measures, attn, noise, keys, batched, resolved, reduce):
+    """One compiled vmap of `simulate`'s solve over a chunk of systems, then `reduce`.
 
     `batched` says whether the attention and the noise carry the batch axis;
-    `keys` (one per system) is None without noise.
+    `keys` (one per system) is None without noise. `resolved` is (the arguments
+    of `_dynamics._solve` after the system's own four, shared by every system;
+    the blow-up radius; its keywords), from `resolve_solve`.
     """
+    shared, radius, options = resolved
 
     def solve(m, a, nz, k):
-        return simulate(m, a, t1, noise=nz, key=k, **dict(options))
+        sol = _solve(m, a, nz, k, *shared, **options)
+        # simulate's per-member checks of traced tokens and sigma.
+        return mark_invalid_start(sol, m.x, options["normalization"], radius, nz)
 
     axes = (0, *(0 if b else None for b in batched), None if keys is None else 0)
     sol = jax.vmap(solve, in_axes=axes)(measures, attn, noise, keys)

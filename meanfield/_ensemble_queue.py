@@ -85,7 +85,7 @@ class _Problem(eqx.Module):
     rate: jax.Array
     rtol: jax.Array
     atol: jax.Array
-    length: float = eqx.field(static=True)
+    length: jax.Array
     normalization: str | None = eqx.field(static=True)
     alpha: float = eqx.field(static=True)
     solver: dfx.AbstractSolver = eqx.field(static=True)
@@ -107,7 +107,7 @@ class _Problem(eqx.Module):
             self.normalization,
             self.rate,
             self.length,
-            None,
+            _noisy_solve.brownian_depth(),
             self.solver,
         )
 
@@ -148,8 +148,10 @@ def _start(problem, length):
     return s_next, cstate, fstate
 
 
-def _step(problem, length, s_prev, s_next, y, fstate, cstate):
+def _step(problem, length, floor, s_prev, s_next, y, fstate, cstate):
     """One attempted step of one system, with diffrax's bookkeeping.
+
+    `floor` is 100 ulps below the clock's length `length` (`_below_end`).
 
     Returns (keep, new s_prev, new s_next, y, solver state, controller state,
     ok, interpolation) where ok is False once the controller or the solver
@@ -164,13 +166,9 @@ def _step(problem, length, s_prev, s_next, y, fstate, cstate):
     keep, prev1, next1, _, cstate1, ctrl_result = problem.controller().adapt_step_size(
         s_prev, s_next, y, y1, None, y_err, solver.error_order(term), cstate
     )
-    dtype = np.dtype(s_prev.dtype)
-    end = jnp.asarray(length, dtype)
+    end = jnp.asarray(length, s_prev.dtype)
     prev1 = jnp.minimum(prev1, end)
     # diffrax's clip to the end: within 100 ulps of it, land on it.
-    floor = np.asarray(length, dtype)
-    for _ in range(100):
-        floor = np.nextafter(floor, dtype.type(-np.inf))
     clip = jnp.where(keep, end, prev1 + 0.5 * (end - prev1))
     next1 = jnp.where(next1 > floor, clip, next1)
     y_new = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
@@ -207,13 +205,13 @@ def queue_solve(
     batched: tuple[bool, bool],
     t0,
     t1,
+    length,
     save_s,
     step_ts,
     rtol,
     atol,
     log_radius,
     *,
-    length: float,
     solver: dfx.AbstractSolver,
     normalization,
     alpha: float,
@@ -229,13 +227,13 @@ def queue_solve(
         batched: whether the attention and the noise carry the batch axis.
         t0: start of the interval (traced scalar of the tokens' dtype).
         t1: its end.
+        length: the solver clock's length L (traced scalar).
         save_s: save times on the solver clock (T,), non-decreasing in [0, L].
         step_ts: with a noise, the save times the steps end at (None: both
             ends of the clock only, as in `simulate`).
         rtol: relative tolerance, as in `simulate` (traced).
         atol: absolute tolerance (traced).
         log_radius: log of the blow-up radius (traced).
-        length: the solver clock's length L (static).
         solver: a diffrax adaptive explicit Runge-Kutta solver (`QUEUE_SOLVERS`,
             or `QUEUE_SDE_SOLVERS` with a noise).
         normalization: where the LayerNorm sits, as in `simulate`.
@@ -252,6 +250,7 @@ def queue_solve(
     dtype = x0.dtype
     rate = (t1 - t0) / length
     count = save_s.shape[0]
+    floor = _below_end(length)
 
     if noise is not None and normalization in ON_SPHERE:
         solver = _noisy_solve.on_sphere(solver)
@@ -298,7 +297,8 @@ def queue_solve(
     )
 
     def step_slot(m, a, nz, k, s_prev, s_next, y, fstate, cstate):
-        return _step(problem(m, a, nz, k), length, s_prev, s_next, y, fstate, cstate)
+        args = (s_prev, s_next, y, fstate, cstate)
+        return _step(problem(m, a, nz, k), length, floor, *args)
 
     def body(c):
         sys = c["sys"]
@@ -455,16 +455,16 @@ def assemble(out: QueueOut, measures, t0, t1, ts, *, normalization, saved_ends):
     )
 
 
-def solve(systems, batched, t1, options, resolve_solve, redo):
+def solve(systems, batched, resolved, redo):
     """B systems: the queue, then `redo(indices)` for those it did not end cleanly.
 
     Args:
         systems: (measures, attn, noise, keys) as `queue_solve`'s; the
             measures as `simulate_ensemble`'s.
         batched: whether the attention and the noise carry the batch axis.
-        t1: the final time.
-        options: `simulate`'s keywords.
-        resolve_solve: `_dynamics.resolve_solve` (checks and resolved arguments).
+        resolved: (the arguments of `_dynamics._solve` after a system's own
+            four, the blow-up radius, its keywords), from
+            `_dynamics.resolve_solve`.
         redo: indices (k,) -> the vmapped `simulate` of those systems (a
             `Solution` with batch axis k).
 
@@ -473,32 +473,24 @@ def solve(systems, batched, t1, options, resolve_solve, redo):
     """
     measures, attn, noise, keys = systems
     size, n = measures.x.shape[:2]
-    _, args, kwargs = resolve_solve(
-        take_systems(measures, 0),
-        take_if(attn, 0, batched[0]),
-        t1,
-        noise=take_if(noise, 0, batched[1]),
-        key=None if keys is None else keys[0],
-        **options,
-    )
-    t0, t1_, fractions, ts = args[4], args[5], args[6], args[7]
-    rtol, atol, log_radius = args[9], args[10], args[11]
-    length = kwargs["length"]
+    shared, _, kwargs = resolved
+    t0, t1_, length, fractions, ts = shared[:5]
+    rtol, atol, log_radius = shared[7:10]
     dtype = measures.x.dtype
     step_ts = None
     if noise is not None and fractions is not None:
-        step_ts = jnp.asarray(fractions, dtype) * length  # as `sde_controller`
+        step_ts = saves_on_clock(fractions, length, dtype)  # as `sde_controller`
     out = queue_solve(
         systems,
         batched,
         t0,
         t1_,
+        length,
         saves_on_clock(fractions, length, dtype),
         step_ts,
         rtol,
         atol,
         log_radius,
-        length=length,
         solver=kwargs["solver"],
         normalization=kwargs["normalization"],
         alpha=kwargs["alpha"],
@@ -523,7 +515,14 @@ def solve(systems, batched, t1, options, resolve_solve, redo):
     return sol
 
 
-def saves_on_clock(fractions, length: float, dtype) -> np.ndarray:
+def _below_end(length):
+    """The clock's length less 100 ulps (diffrax's clip to the end)."""
+    return jax.lax.fori_loop(
+        0, 100, lambda _, v: jnp.nextafter(v, -jnp.inf), jnp.asarray(length)
+    )
+
+
+def saves_on_clock(fractions, length, dtype) -> np.ndarray:
     """Save times on the solver clock: fractions x L (None: both ends)."""
     fractions = (0.0, 1.0) if fractions is None else fractions
     return np.asarray(fractions, dtype) * np.asarray(length, dtype)

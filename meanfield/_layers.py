@@ -82,8 +82,9 @@ def layers(
     dtype = measure.x.dtype
     if not blowup_radius > 0:
         raise ValueError(f"`blowup_radius` must be positive; got {blowup_radius}.")
-    # Depth and radius as traced arrays: a new t1 or radius reuses the compiled
-    # stack (one compilation per measure/attention structure, shapes and L).
+    # Depth, radius and the Brownian path's clock as traced arrays: a new t1 or
+    # radius reuses the compiled stack (one compilation per measure/attention
+    # structure, shapes and L).
     return _layers(
         measure,
         attn,
@@ -91,8 +92,8 @@ def layers(
         key,
         np.asarray(t1, dtype),
         np.asarray(blowup_radius, dtype),
+        None if noise is None else np.asarray(clock_length(0.0, t1), dtype),
         L=L,
-        length=None if noise is None else clock_length(0.0, t1),
         normalization=normalization,
         alpha=float(ngpt_alpha),
         splitting=splitting,
@@ -107,9 +108,9 @@ def _layers(
     key,
     t1,
     blowup_radius,
+    length,
     *,
     L,
-    length,
     normalization,
     alpha,
     splitting,

@@ -4,10 +4,10 @@
 diffusion term driven by a `diffrax.VirtualBrownianTree` on the solver clock
 (`_clock`): with t = t0 + s rate, W_t - W_t0 = sqrt(rate) (W_s - W_0), so the
 diffusion on the clock is sqrt(rate) sigma g(x). The tree resolves the path to
-`brownian_tol`, the same for every step of at least 2^-(BROWNIAN_DEPTH - 1) of the
-clock: one key is one Brownian path, whatever the solver, step or tolerance (so a
-strong error can be measured on it), and `layers` reads its increments off the
-same path.
+2^-`brownian_depth` of the clock, the same for every step of at least
+2^-(BROWNIAN_DEPTH - 1) of the clock: one key is one Brownian path, whatever the
+solver, step or tolerance (so a strong error can be measured on it), and
+`layers` reads its increments off the same path.
 
 What the solver integrates (docs/math/noise.md):
 - in R^d the model is the Ito equation dx = Gamma dt + sigma g(x) dW; a
@@ -94,6 +94,42 @@ def sde_solver(solver) -> tuple[dfx.AbstractSolver, bool]:
     return solver, isinstance(solver, dfx.AbstractAdaptiveSolver)
 
 
+#: diffrax's solvers that assume commutative noise (the Milstein schemes).
+COMMUTATIVE_NOISE_SOLVERS = (dfx.ItoMilstein, dfx.StratonovichMilstein)
+
+
+def check_solver_noise(solver, noise, normalization) -> None:
+    """ValueError for a Milstein solver where the noise is not additive.
+
+    The Milstein schemes need commutative noise. Only independent noise in R^d
+    (normalization None) is commutative here: it is additive, sigma dW_i.
+    Common noise (sigma x dW^T) and any noise projected on the sphere are
+    multiplicative and do not commute. diffrax's `ItoMilstein` also cannot take
+    the diffusion as a linear operator, which every noise here is: refused
+    always, with Euler-Maruyama as the Ito alternative.
+
+    Raises:
+        ValueError: `ItoMilstein`, or `StratonovichMilstein` with a noise that is
+            not `IndependentNoise` in R^d.
+    """
+    from ._noise import IndependentNoise
+
+    if isinstance(solver, dfx.ItoMilstein):
+        raise ValueError(
+            "`solver` diffrax.ItoMilstein() cannot take meanfield's diffusion (a "
+            'linear operator of the Brownian increment); use "euler" '
+            '(Euler-Maruyama, Ito) or "heun" (Stratonovich).'
+        )
+    additive = isinstance(noise, IndependentNoise) and normalization is None
+    if isinstance(solver, COMMUTATIVE_NOISE_SOLVERS) and not additive:
+        raise ValueError(
+            f"`solver` {type(solver).__name__} assumes commutative noise: only "
+            "mf.IndependentNoise with normalization=None (additive noise) is; got "
+            f"{type(noise).__name__} with normalization={normalization!r}. Use "
+            '"heun", "spark" or "general_shark".'
+        )
+
+
 class SphereEuler(dfx.Euler):
     """Euler-Maruyama whose every step ends back on the sphere (x / |x|).
 
@@ -131,16 +167,17 @@ def on_sphere(solver):
     return solver
 
 
-def brownian_tol(length: float, ds0: float | None) -> float:
-    """Resolution in s of the Brownian path of a clock of length `length`.
+def brownian_depth(steps: float | None = None) -> int:
+    """Depth k of the Brownian tree: the path is resolved to 2^-k of the clock.
 
-    length 2^-k with k = BROWNIAN_DEPTH, or more for a fixed step ds0 below
-    2^-(BROWNIAN_DEPTH - 1) length (the tree must resolve every step).
+    BROWNIAN_DEPTH, or more for a fixed step: `steps` = length / ds0 equal steps
+    on the clock need 2^-(k - 1) <= 1 / steps so that the tree resolves each.
+    Computed on the host; a static integer of the compiled solve.
     """
     depth = BROWNIAN_DEPTH
-    if ds0 is not None:
-        depth = max(depth, math.ceil(math.log2(length / ds0)) + 1)
-    return length * 2.0**-depth
+    if steps is not None:
+        depth = max(depth, math.ceil(math.log2(steps)) + 1)
+    return depth
 
 
 def fixed_grid(fractions, length: float, ds0: float) -> np.ndarray:
@@ -148,7 +185,8 @@ def fixed_grid(fractions, length: float, ds0: float) -> np.ndarray:
 
     N = ceil(length / ds0) equal steps on [0, length] (as diffrax takes them),
     merged with the save times `fractions` * length; a save within 1e-9 length
-    of a grid point is that point (no sliver of a step).
+    of a grid point is that point (no sliver of a step). Host values; the solve
+    takes the grid as a traced array (one compilation per number of steps).
     """
     n = max(1, math.ceil(length / ds0 - 1e-9))
     grid = np.arange(n + 1) * (length / n)
@@ -160,7 +198,7 @@ def fixed_grid(fractions, length: float, ds0: float) -> np.ndarray:
     return grid
 
 
-def sde_controller(controller, fractions, length: float, ds0, dtype):
+def sde_controller(controller, fractions, length, ds0, grid, dtype):
     """(step-size controller, dt0 for diffeqsolve) of a noisy solve.
 
     Save times are step ends: inside a step an SDE solution is not the solver's
@@ -168,14 +206,16 @@ def sde_controller(controller, fractions, length: float, ds0, dtype):
     `diffrax.ClipStepSizeController` steps to the save times, and back to the
     end of every rejected step, so that no step is rejected for the Brownian
     increment it drew (Foster & Jelincic, 2024; arXiv 2311.14201). Fixed step:
-    `diffrax.StepTo` on `fixed_grid`; save times traced under a caller's jit keep
-    the uniform grid (their rows are then interpolants).
+    `diffrax.StepTo` on `grid` (`fixed_grid`); save times traced under a
+    caller's jit have no grid and keep the uniform step (their rows are then
+    interpolants).
 
     Args:
         controller: the controller of the ODE solve (PID or constant step).
         fractions: the save fractions (`_clock.save_fractions`), or None.
         length: the clock's length.
-        ds0: the fixed step in s (a float), or None (adaptive).
+        ds0: the fixed step in s, or None (adaptive).
+        grid: the step ends of a fixed-step solve (`fixed_grid`), or None.
         dtype: the dtype of the solver's time.
     """
     if ds0 is None:
@@ -184,9 +224,8 @@ def sde_controller(controller, fractions, length: float, ds0, dtype):
             controller, step_ts=step_ts, store_rejected_steps=REVISITS
         )
         return clip, None
-    if fractions is not None and not isinstance(fractions, tuple):
+    if grid is None:
         return controller, jnp.asarray(ds0, dtype)
-    grid = fixed_grid(fractions, length, ds0)
     return dfx.StepTo(ts=jnp.asarray(grid, dtype)), None
 
 
@@ -199,13 +238,19 @@ def _levy_area(solver):
     return dfx.SpaceTimeTimeLevyArea
 
 
-def brownian_path(noise, key, x0, length: float, ds0, solver=None):
-    """The Brownian motion W_s of `noise` on the clock [0, length], for tokens x0."""
+def brownian_path(noise, key, x0, length, depth: int, solver=None):
+    """The Brownian motion W_s of `noise` on the clock [0, length], for tokens x0.
+
+    Resolved to length 2^-depth (`brownian_depth`). The tree works in fractions
+    of its interval: one key gives the same path in fractions of the clock
+    whatever its length. The path is drawn in the tokens' dtype: float32 and
+    float64 runs of one key follow different (equally distributed) paths.
+    """
     shape = noise.brownian_shape(*x0.shape)
     return dfx.VirtualBrownianTree(
-        0.0,
+        jnp.zeros((), x0.dtype),
         length,
-        brownian_tol(length, ds0),
+        length * 2.0**-depth,
         jax.ShapeDtypeStruct(shape, x0.dtype),
         key,
         levy_area=_levy_area(solver),
@@ -216,7 +261,7 @@ def _tangent(theta, v):
     return v - jnp.sum(theta * v, axis=-1, keepdims=True) * theta
 
 
-def sde_terms(drift, noise, key, x0, normalization, rate, length, ds0, solver):
+def sde_terms(drift, noise, key, x0, normalization, rate, length, depth, solver):
     """The terms of a noisy solve on the clock: drift and sqrt(rate) sigma g dW.
 
     Args:
@@ -226,14 +271,14 @@ def sde_terms(drift, noise, key, x0, normalization, rate, length, ds0, solver):
         x0: initial tokens (n, d) (shape and dtype of the path).
         normalization: None or "sphere" (`simulate` refuses the others).
         rate: dt/ds.
-        length: the clock's length (static).
-        ds0: the fixed step in s, or None (adaptive).
+        length: the clock's length.
+        depth: the Brownian tree's depth (`brownian_depth`).
         solver: the diffrax solver (its kind sets the drift, its Levy area the path).
     """
     dtype = x0.dtype
     sphere = normalization in ON_SPHERE
     stratonovich = isinstance(solver, dfx.AbstractStratonovichSolver)
-    path = brownian_path(noise, key, x0, length, ds0, solver)
+    path = brownian_path(noise, key, x0, length, depth, solver)
     sqrt_rate = jnp.sqrt(rate)
 
     def drift_term(s, y, args):
@@ -261,13 +306,13 @@ def sde_terms(drift, noise, key, x0, normalization, rate, length, ds0, solver):
     return dfx.MultiTerm(dfx.ODETerm(drift_term), dfx.ControlTerm(diffusion, path))
 
 
-def layer_increments(noise, key, x0, t1, L: int, length: float):
+def layer_increments(noise, key, x0, t1, L: int, length):
     """(L, *shape) increments W(t_{l+1}) - W(t_l), t_l = l t1 / L, in t.
 
     They are those of the path a noisy `simulate` on [0, t1] with dt0 = t1 / L and
     the same key integrates (clock length `length`).
     """
-    path = brownian_path(noise, key, x0, length, length / L)
+    path = brownian_path(noise, key, x0, length, brownian_depth(L))
     s = jnp.arange(L + 1, dtype=x0.dtype) * (length / L)
     w = jax.vmap(path.evaluate)(s)
     return jnp.sqrt(t1 / length).astype(x0.dtype) * jnp.diff(w, axis=0)

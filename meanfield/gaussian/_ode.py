@@ -250,28 +250,45 @@ def simulate(
     else:  # on the host: no small eager program to compile
         log_top = math.log(float(np.linalg.eigvalsh(np.asarray(cov0, np.float64))[-1]))
     log_thr = jnp.asarray(math.log(blowup_threshold) + log_top, dtype)
-    # The solver clock (`_clock`): its length and the save fractions are static,
-    # times, thresholds and tolerances traced arrays; the jitted solve is traced
-    # once per (attention structure, d, clock, max_steps), not once per call.
+    # The solver clock (`_clock`): times, the clock's length, save fractions,
+    # thresholds and tolerances are traced arrays; the jitted solve is traced
+    # once per (attention structure, d, number of saves, max_steps).
+    fractions, checked = save_fractions(saveat, float(t0), float(t1))
+    if checked and fractions is not None:
+        fractions = np.asarray(fractions, dtype)
     return _solve(
         mean0,
         cov0,
         attn,
         jnp.asarray(t0, dtype),
         jnp.asarray(t1, dtype),
-        save_fractions(saveat, float(t0), float(t1)),
+        np.asarray(clock_length(t0, t1), dtype),
+        fractions,
         None if saveat is None else jnp.asarray(saveat, dtype),
         log_thr,
         jnp.asarray(float(rtol), dtype),
         jnp.asarray(float(atol), dtype),
-        length=clock_length(t0, t1),
+        checked=checked,
         max_steps=int(max_steps),
     )
 
 
 @eqx.filter_jit
 def _solve(
-    mean0, cov0, attn, t0, t1, fractions, ts, log_thr, rtol, atol, *, length, max_steps
+    mean0,
+    cov0,
+    attn,
+    t0,
+    t1,
+    length,
+    fractions,
+    ts,
+    log_thr,
+    rtol,
+    atol,
+    *,
+    checked,
+    max_steps,
 ) -> GaussianSolution:
     """The diffrax solve of `simulate` on the solver clock (validated there)."""
     dtype = mean0.dtype
@@ -293,12 +310,12 @@ def _solve(
         return jax.tree.map(lambda v: v * rate, augmented(to_t(s, t0, rate), y, args))
 
     field = _moment_field(attn)
-    with checked_on_host(fractions):
+    with checked_on_host(checked):
         sol = diffeqsolve_in_jit(
             dfx.ODETerm(on_clock),
             dfx.Dopri8(),
             jnp.asarray(0.0, dtype),
-            jnp.asarray(length, dtype),
+            length,
             None,
             (mean0, cov0, jnp.zeros((), dtype)),
             saveat=dfx.SaveAt(subs=(sub, dfx.SubSaveAt(t1=True))),
@@ -414,7 +431,9 @@ def blowup_time(
     d = 1: any w), P = Sigma^{-1} is e^{-2 w t} (Sigma0^{-1} - phi(t) M) with
     phi(t) = (e^{2 w t} - 1) / (2 w), so t* = log(1 + 2 w t0*) / (2 w), and +inf
     when w < 0 and 1 + 2 w t0* <= 0 (the feed-forward contracts faster than
-    attention concentrates). b_f plays no part.
+    attention expands; phi stays below t0* at every finite t), including when
+    1 + 2 w t0* is zero to within the rounding of its evaluation. b_f plays no
+    part.
 
     See [The softmax closed form][math-gaussian-closed-form] for the derivation,
     and [Feed-forward layers][math-gaussian-feedforward] for the feed-forward
@@ -444,7 +463,14 @@ def blowup_time(
     if w == 0:
         return float(tau)
     grow = 2 * w * tau
-    return float(np.log1p(grow) / (2 * w)) if grow > -1 else math.inf
+    # 1 + grow cancels where grow ~ -1 (w < 0). Its rounding: top, an eigenvalue
+    # of root M root (eigh of Sigma0, two products, eigvalsh: backward stable),
+    # is off by ~ d eps |Sigma0| |M|, relative to top; w = tr(W) / d, a sum of d
+    # equal entries, by d eps. Within that 1 + 2 w t0* is zero: no blow-up.
+    eps = np.finfo(np.float64).eps
+    spread = np.linalg.norm(S0, 2) * np.linalg.norm(M, 2) / top
+    tol = 4 * S0.shape[0] * eps * (1 + spread) * abs(grow)
+    return float(np.log1p(grow) / (2 * w)) if 1 + grow > tol else math.inf
 
 
 class ClosedForm(eqx.Module):
