@@ -9,8 +9,8 @@
 #
 # Geshkovski, Letrouit, Polyanskiy & Rigollet, "The Emergence of Clusters in
 # Self-Attention Dynamics" (NeurIPS 2023): with Q = K = V = I, tokens on the sphere
-# (the LayerNorm model) merge into a single cluster, and in R^d the rescaled tokens
-# z = e^{-tV} x converge to points on the boundary of a convex polytope, most of
+# (the LayerNorm model) merge into a single cluster, and in ℝᵈ the rescaled tokens
+# z = exp(−tV) x converge to points on the boundary of a convex polytope, most of
 # them to its vertices. Here clustering is measured with `mf.clustering`, not
 # eyeballed.
 #
@@ -37,7 +37,7 @@ OUT = Path(tempfile.mkdtemp()) if SMOKE_TEST else Path("out/notebooks")
 
 # %% [markdown]
 # ## On the sphere: one cluster
-# Tokens uniform on S^2, x_i' = P_{x_i}^perp Γ_μ(x_i) (`normalization="sphere"`).
+# Tokens uniform on S², xᵢ′ = (I − xᵢxᵢᵀ) Γ_μ(xᵢ) (`normalization="sphere"`).
 
 # %%
 # float32 explicitly: the same tokens whether or not x64 is enabled.
@@ -70,8 +70,8 @@ fig = plotting.plot_sphere(sol, time_index=len(saves) // 2)
 plt.close(fig)
 
 # %% [markdown]
-# ## In R^d: the rescaled tokens and their polytope
-# Without normalisation the tokens grow like e^{t}; z = e^{-tV} x converges. For
+# ## In ℝᵈ: the rescaled tokens and their polytope
+# Without normalisation the tokens grow like eᵗ; z = exp(−tV) x converges. For
 # V = I and A positive definite, the limits lie on the boundary of the convex hull
 # of the cluster centres.
 

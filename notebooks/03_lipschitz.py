@@ -11,13 +11,13 @@
 # f(X)_i = Γ_X(x_i), with X = (x_1, ..., x_n) the tokens, is not globally Lipschitz.
 # On the ball B_R (every |x_i| ≤ R) its local Lipschitz constant ‖D_X f‖₂:
 #
-# - is at most √3 ‖V‖₂ (‖A‖₂² R⁴ (4n + 1) + n)^{1/2}, i.e. grows at most like √n
+# - is at most √3 ‖V‖₂ √(‖A‖₂² R⁴ (4n + 1) + n), i.e. grows at most like √n
 #   (their Thm 3.3);
 # - grows like √n at an explicit configuration, X = (Ru, −Ru, ..., −Ru) for A = −I
-#   (Prop. 3.4, which also gives a lower bound), as long as n ≪ e^{2γR²};
+#   (Prop. 3.4, which also gives a lower bound), as long as n ≪ exp(2γR²);
 # - grows much more slowly at random inputs, which approach a mean-field limit;
 # - stays finite as n → ∞ in the mean-field setting (a measure μ instead of n
-#   tokens), but grows like e^{γR²} with the radius (Prop. 3.6).
+#   tokens), but grows like exp(γR²) with the radius (Prop. 3.6).
 #
 # `mf.lipschitz.local` computes ‖D_X f‖₂ by restarted Lanczos on JᵀJ, with one JVP and
 # one VJP per product: the nd × nd Jacobian J is never formed.
@@ -142,13 +142,13 @@ finish(fig, "03_lipschitz_scaling")
 # With a measure μ instead of n tokens (weights instead of counting), the local
 # constant is that of D_X f in the norm ‖e‖²_w = Σ wᵢ‖eᵢ‖² (uniform weights 1/n give
 # the Euclidean value above). It is bounded independently of n, by
-# ‖V‖(1 + 3‖A‖R²)e^{2‖A‖R²} (Geshkovski et al., 2023; `meanfield_bound`), but the
-# bound is exponential in R², and so is the truth: the two-Dirac measure
-# e^{−2γR²} δ_{Ru} + (1 − e^{−2γR²}) δ_{−Ru} of Castin et al., Prop. 3.6
-# (`meanfield_adversarial`), has a constant ≥ (γ/2)R² e^{γR²}.
+# ‖V‖(1 + 3‖A‖R²) exp(2‖A‖R²) (Geshkovski et al., 2023; `meanfield_bound`), but
+# the bound is exponential in R², and so is the truth: the two-Dirac measure
+# exp(−2γR²) δ₊ + (1 − exp(−2γR²)) δ₋, δ± the Dirac masses at ±Ru, of Castin et
+# al., Prop. 3.6 (`meanfield_adversarial`), has a constant ≥ (γ/2)R² exp(γR²).
 #
 # The two pictures agree: approximating that measure with equal weights takes
-# n ≈ e^{2γR²} tokens, and √n is then e^{γR²}. The √n growth of the finite-n constant
+# n ≈ exp(2γR²) tokens, and √n is then exp(γR²). The √n growth of the finite-n constant
 # is the exponential growth of the mean-field constant, seen at fixed R.
 
 # %%
@@ -176,10 +176,11 @@ if measured.any():  # the excess over the rate is about 1 + 1 / (gamma R^2)
 
 # %% [markdown]
 # The figure, log scale in the constant: the measured two-Dirac constant follows
-# (γ/2)R² e^{γR²} (it is 1 + 1/(γR²) times larger at large R) and stays far below the
-# mean-field bound. The finite-n upper bound (green, for the largest n of the study)
-# is overtaken near R ≈ 2.4 when n = 2048: no configuration of 2048 equal-weight
-# tokens reaches the two-Dirac value there, which needs n ≈ e^{2γR²} tokens.
+# (γ/2)R² exp(γR²) (it is 1 + 1/(γR²) times larger at large R) and stays far below
+# the mean-field bound. The finite-n upper bound (green, for the largest n of the
+# study) is overtaken near R ≈ 2.4 when n = 2048: no configuration of 2048
+# equal-weight tokens reaches the two-Dirac value there, which needs
+# n ≈ exp(2γR²) tokens.
 
 # %%
 fig, ax = plt.subplots(figsize=(6.0, 4.5), layout="constrained")

@@ -160,10 +160,10 @@ finish(fig, "04_masked_angles")
 # the first token's cluster (|x_i − x_1| < 10⁻² from then on) against its position.
 # With the mask the join time grows with the position. Once the tokens are close to
 # x_1 their attention weights are nearly uniform over the tokens they see, so the
-# displacement ξ_k = x_k − x_1 follows ξ_k' ≈ (1/k) Σ_{j≤k} ξ_j − ξ_k: a lower-
+# displacement ξₖ = xₖ − x₁ follows ξₖ′ ≈ (ξ₁ + … + ξₖ)/k − ξₖ: a lower-
 # triangular system in which every token is fed the errors of all the tokens before
 # it, with rates 1 − 1/k (token 2, which only sees token 1 and itself, is the slowest:
-# e^{−t/2}). The errors pile up along the sequence, and the join time grows like a
+# exp(−t/2)). The errors pile up along the sequence, and the join time grows like a
 # logarithm of the index k: the dashed curve is the fit t_k ≈ a + b log(k − 1).
 # Without the mask the position plays no role.
 

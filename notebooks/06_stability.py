@@ -78,7 +78,7 @@ for name, (mu0, nu0, attn) in cases.items():
 # The measured ratio grows mildly on [0, 1]; the bound grows like exp(∫ L(R(s)) ds)
 # with L evaluated at the support radius, so it sits orders of magnitude above the
 # ratio, more so for the masked measure (its constant carries the Hardy/Copson
-# factor of the prefix averages). The radius stays under R₀ e^{∫|V|}. Full run
+# factor of the prefix averages). The radius stays under R₀ exp(∫|V|). Full run
 # (n = 64, R₀ = 0.3, t = 1): ratio 1.11 vs bound 46 (softmax), 1.49 vs 1.1e3
 # (masked, conditional W₂), 1.12 vs 1.2e14 (L2, whose constant is far looser).
 

@@ -13,7 +13,8 @@
 # β and the depth t. At small β everything merges quickly; at large β the tokens first
 # form many long-lived (metastable) clusters. The white curve is the time at which n
 # equiangular tokens (all pairwise inner products equal) merge: they follow the scalar
-# ODE ρ' = 2(1−ρ)((n−1)ρ+1)/(e^{β(1−ρ)} + n − 1) (docs/math/clusters.md).
+# ODE ρ′ = 2(1−ρ)((n−1)ρ+1)/(exp(β(1−ρ)) + n − 1)
+# ([equiangular tokens](../math/clusters.md#math-equiangular)).
 #
 # This notebook draws the diagram with `mf.clustering.phase_diagram`, then compares
 # softmax with unnormalised attention (Karagodin, Polyanskiy & Rigollet study both),
@@ -72,9 +73,10 @@ print("one cluster at t1, by beta:", np.round(base.one_cluster[:, -1], 2))
 # %% [markdown]
 # ## Softmax against unnormalised attention, causal against not
 #
-# Unnormalised attention weighs each token by e^{β⟨x, y⟩} without dividing by their
+# Unnormalised attention weighs each token by exp(β⟨x, y⟩) without dividing by their
 # sum: the velocity grows with β and the tokens merge much faster. A cluster then
-# contracts at a rate of order e^β, so an explicit solver needs steps of order e^{-β}:
+# contracts at a rate of order exp(β), so an explicit solver needs steps of order
+# exp(−β):
 # 243 steps to t = 30 at β = 3, 9 883 at β = 7, 62 305 at β = 9 (measured, 16
 # systems). Its diagram here stops at β = 4, with fewer systems. The causal mask
 # (token i sees tokens j ≤ i) makes every token follow the first one.

@@ -14,11 +14,13 @@
 #
 # 1. The mean-field PDE itself, ∂ₜρ + ∂_θ(ρv) = 0, solved for the density ρ on
 #    [0, 2π) (`mf.density.simulate`), beside 5000 tokens
-#    (benchmarks/density.py compares 2·10⁴).
+#    (`benchmarks/density.py` compares 2·10⁴).
 # 2. How many clusters emerge from noise: the fastest-growing Fourier mode of the
-#    uniform state, λ_k = k² I_k(β) / (β I₀(β)) (docs/math/density.md).
+#    uniform state, λ_k = k² I_k(β) / (β I₀(β))
+#    ([linear growth](../math/density.md#math-density-growth)).
 # 3. The energy staircase: `mf.simulate_merging` merges atoms that meet, so a
-#    run of 32 tokens to t = 10¹⁴ takes seconds (docs/math/energy.md).
+#    run of 32 tokens to t = 10¹⁴ takes seconds
+#    ([merging atoms](../math/energy.md#math-merging)).
 #
 # `SMOKE_TEST=1` runs a small version.
 
@@ -55,7 +57,7 @@ def finish(fig, name):
 # ## 1. The density beside the particles
 #
 # A smooth initial density, and tokens placed at its quantiles (so the particles
-# start within W1 = 2π/(4n) of it, not ~n^{-1/2} as a random sample would). The
+# start within W1 = 2π/(4n) of it, not ~1/√n as a random sample would). The
 # same dynamics, once as a PDE on N cells, once as n particles on S¹: W1 on the
 # circle measures how far apart they drift.
 
@@ -84,7 +86,7 @@ finish(fig, "08_density_particles")
 # %% [markdown]
 # ## 2. How many clusters emerge from noise
 #
-# Linearised at the uniform density, the mode e^{ikθ} grows at λ_k. The fastest
+# Linearised at the uniform density, the mode exp(ikθ) grows at λ_k. The fastest
 # mode k* ≈ √(2β) sets how many clusters form first; the neighbouring modes grow
 # almost as fast, so noise decides between k* − 1, k*, k* + 1.
 
@@ -122,7 +124,8 @@ finish(fig, "08_growth_rates")
 # %% [markdown]
 # ## 3. The energy staircase
 #
-# The energy E = (1/2β) Σᵢⱼ wᵢwⱼ e^{β⟨xᵢ, xⱼ⟩} never decreases (docs/math/energy.md).
+# The energy E = (1/2β) Σᵢⱼ wᵢwⱼ exp(β⟨xᵢ, xⱼ⟩) never decreases
+# ([the energy](../math/energy.md#math-energy-monotone)).
 # It climbs one step per merge of two clusters and stays flat on the metastable
 # plateaus in between, which last exponentially long in β. `simulate_merging`
 # replaces atoms that meet by one atom of their summed weight, so the run never

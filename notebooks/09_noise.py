@@ -24,8 +24,9 @@
 # 4. Common noise, `mf.CommonNoise(σ)`: the probability that two tokens end
 #    antipodal, theory against Monte Carlo.
 #
-# The equations and their solvers are in docs/math/noise.md and
-# docs/math/density.md. `SMOKE_TEST=1` runs a small version.
+# The equations and their solvers are in [Noise](../math/noise.md) and
+# [The density on the circle](../math/density.md). `SMOKE_TEST=1` runs a small
+# version.
 
 # %%
 import os
@@ -81,12 +82,13 @@ def centred_angles(x, at=np.pi):
 # Each token θᵢ on the circle moves by dθᵢ = v(θᵢ) dt + σ dWᵢ, with v the softmax
 # attention field and W¹, …, Wⁿ independent Brownian motions
 # (`noise=mf.IndependentNoise(σ)`, `normalization="sphere"`). Linearised at the
-# uniform state, the mean direction e^{iθ} grows at
-# λ₁ = I₁(β)/(βI₀(β)) − σ²/2 (docs/math/density.md), so the uniform state loses
+# uniform state, the mean direction exp(iθ) grows at
+# λ₁ = I₁(β)/(βI₀(β)) − σ²/2 ([the critical
+# noise](../math/density.md#math-density-critical)), so the uniform state loses
 # stability below the critical noise σ_c, σ_c² = 2I₁(β)/(βI₀(β))
 # (`mf.density.critical_noise`).
 #
-# The order parameter r = |(1/n) Σᵢ e^{iθᵢ}| (`mf.clustering.order_parameter`) is
+# The order parameter r = |(1/n) Σᵢ exp(iθᵢ)| (`mf.clustering.order_parameter`) is
 # of order 1/√n for spread tokens and of order 1 for a cluster. Below σ_c it
 # rises to the order of the stationary density of section 2. Above σ_c the mean
 # direction of n tokens is, linearised, an Ornstein–Uhlenbeck process,
@@ -180,10 +182,11 @@ finish(fig, "09_order_parameter")
 #
 # As n → ∞ the empirical measure of the noisy tokens solves the McKean–Vlasov
 # equation ∂ₜρ + ∂_θ(ρv) = (σ²/2)∂²_θρ (Mun & Rosenzweig, 2026). Its stationary
-# states have zero flux, ρv = (σ²/2)ρ′, that is ρ ∝ Z^{2/(βσ²)} with
-# Z(θ) = ∫e^{β cos(θ−φ)}ρ(φ)dφ (docs/how-to/noise-phase.md);
+# states have zero flux, ρv = (σ²/2)ρ′, that is log ρ = 2 log Z/(βσ²) + const
+# with Z(θ) = ∫exp(β cos(θ−φ)) ρ(φ) dφ
+# ([noise-driven phase transitions](../how-to/noise-phase.md));
 # `mf.density.stationary` solves this fixed point directly. Below, the density
-# starts from a bump ρ₀ ∝ e^{cos(θ−π)}: below σ_c it sharpens into the stationary
+# starts from a bump ρ₀ ∝ exp(cos(θ−π)): below σ_c it sharpens into the stationary
 # cluster, above σ_c it flattens to the uniform state 1/2π. On the right, the
 # density at t₁ and the stationary state are drawn over the final tokens of
 # section 1. Below σ_c each system is rotated so that its mean direction is π

@@ -24,8 +24,11 @@
 # 5. An affine feed-forward layer on a Gaussian: the blow-up time against the
 #    layer's growth rate, solved and in closed form.
 #
-# The derivations are in docs/math/transformer-blocks.md, docs/math/positional.md,
-# docs/math/hardmax.md and docs/math/gaussians.md. `SMOKE_TEST=1` runs a small version.
+# The derivations are in [Feed-forward layers and
+# blocks](../math/transformer-blocks.md), [Positional
+# attention](../math/positional.md), [Hardmax attention](../math/hardmax.md) and
+# [Gaussians](../math/gaussians.md#math-gaussian-feedforward). `SMOKE_TEST=1` runs
+# a small version.
 
 # %%
 import os
@@ -174,7 +177,7 @@ finish(fig, "10_splitting")
 #
 # With positions s = i/n (`mf.MaskedParticles`), causal ALiBi attention adds
 # −λ(sᵢ − sⱼ) to the logits (λ = m n for the discrete slope m). Token i weighs the
-# earlier tokens by e^{−λ(sᵢ − sⱼ)}: with λ = 0 every token sees the whole past
+# earlier tokens by exp(−λ(sᵢ − sⱼ)): with λ = 0 every token sees the whole past
 # and the sequence follows its first tokens; with a large λ each token sees a window
 # of width about 1/λ, and clusters form locally along the sequence (a window of
 # a few tokens keeps most tokens where they started). Below, the final angle of
@@ -210,10 +213,10 @@ finish(fig, "10_alibi")
 # order √(log(β+1)/β). Here: 16 tokens in the plane with A = I, V = I, the largest
 # distance over tokens and times between the softmax and hardmax solutions. The
 # bound holds for any data; these tokens have no near-tie, and their distance
-# falls like e^{−β g}, g the smallest gap between a best and a second-best logit
+# falls like exp(−βg), g the smallest gap between a best and a second-best logit
 # (past β ≈ 300 the two solutions agree to the last bit in float64). A token
 # nearly tied between two keys keeps an O(1) distance until β resolves its gap
-# (docs/math/hardmax.md, `benchmarks/hardmax_rate.py`).
+# ([Hardmax attention](../math/hardmax.md), `benchmarks/hardmax_rate.py`).
 
 # %%
 x_plane = np.random.default_rng(3).normal(size=(16, 2))

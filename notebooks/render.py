@@ -11,7 +11,7 @@ and the image files. The documentation build (`docs/hooks.py`) turns each
 notebook and its outputs into a tutorial page, and refuses to build when a
 cell's source no longer matches the hash it was run with, so a page never shows
 outputs of code it no longer contains: rerun this script after editing a
-notebook (about five minutes for all eight on two cores).
+notebook (about seven minutes for all ten on two cores).
 """
 
 import argparse

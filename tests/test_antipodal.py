@@ -1,7 +1,8 @@
 """Two tokens under a common matrix noise: P(<x_1, x_2> -> -1) from the scale
 function (`antipodal_probability`) against closed forms, an independent
 quadrature in z = atanh(rho), Euler-Maruyama Monte Carlo of the 1-D diffusion and
-of the two tokens on the sphere, and the threshold of Fedorov et al. (2026)."""
+of the two tokens on the sphere, and the threshold cosh 2 beta = d - 2 of the
+two-token reduction against the sign of the Lyapunov exponent at rho = -1."""
 
 import math
 
@@ -163,7 +164,7 @@ def test_pair_coefficients_are_itos_formula(noise, attention):
 
 
 @pytest.mark.parametrize("d", [3, 4, 8, 30])
-def test_values_threshold_is_fedorov_et_al_cosh_two_beta_equal_d_minus_two(d):
+def test_values_threshold_is_cosh_two_beta_equal_d_minus_two(d):
     beta_c = antipodal_threshold(d=d)
     assert math.cosh(2 * beta_c) == pytest.approx(d - 2, rel=1e-14)
     # The Lyapunov exponent of log(1 + rho) at -1, b/(1+rho) - a/(2(1+rho)^2)

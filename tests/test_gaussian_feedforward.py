@@ -155,7 +155,8 @@ def test_scalar_closed_form(w):
         np.testing.assert_allclose(float(sol.blowup_time), t_star, rtol=1e-8)
     else:
         assert sol.status == "success"
-        # sigma -> w / (a (1 + ... )): the stationary p_inf = -a/w > 0.
+        # p0 > -a/w: p grows like (p0 + a/w) e^{-2wt} (sigma -> 0), away from the
+        # unstable fixed point -a/w.
         np.testing.assert_allclose(1 / float(sol.cov[-1, 0, 0]), p(t1), rtol=1e-9)
 
 
@@ -555,3 +556,28 @@ def test_nearly_singular_direction_is_transported(eps, tol):
     rank = jax.vmap(mf.gaussian.numerical_rank, in_axes=(0, None))
     np.testing.assert_array_equal(rank(sol.cov, 1e3 * eps), 1)
     np.testing.assert_array_equal(rank(sol.cov, 1e-3 * eps), 2)
+
+
+@pytest.mark.parametrize("d", [1, 3])
+def test_no_blowup_when_one_plus_two_w_t0_is_zero(d):
+    # A = diag(0.7, 0.2, -0.5), Sigma0 = I / p0 with p0 = 2, W = w I with
+    # w = -0.35: t0* = p0 / (2 * 0.7) and 1 + 2 w t0* = 0 exactly in binary
+    # (0.35 = 0.7 / 2), so phi(t) < t0* at every t: no blow-up, although the
+    # eigenvalue route evaluates 1 + 2 w t0* to ~1e-16, not 0.
+    a = np.array([0.7, 0.2, -0.5])[:d]
+    g = mf.Gaussian(np.zeros(d), np.eye(d) / 2)
+    attn = mf.SoftmaxAttention(jnp.eye(d), A=jnp.diag(a))
+    ffn = mf.FeedForward(-0.35 * jnp.eye(d))
+    assert mf.gaussian.blowup_time(g, attn, ffn=ffn) == np.inf
+    # The top direction keeps its variance 1/p0 (p = p0 is the unstable fixed
+    # point -a/w of p' = -2a - 2wp); the others contract like e^{-2|w|t}.
+    cov = mf.gaussian.closed_form(g, attn, [0.0, 2.0, 5.0], ffn=ffn).cov
+    # Sigma = e^{2wt} (p0 - phi M)^{-1}: the cancellation in p0 - phi M costs a
+    # factor e^{2|w|t} ~ 33 of rounding at t = 5, far inside 1e-12.
+    np.testing.assert_allclose(cov[:, 0, 0], 0.5, rtol=1e-12)
+    # A little less contraction, far beyond rounding, blows up at
+    # log(1 + 2 w t0*) / (2 w) with 1 + 2 w t0* = 1e-9.
+    w = -0.35 * (1 - 1e-9)
+    got = mf.gaussian.blowup_time(g, attn, ffn=mf.FeedForward(w * jnp.eye(d)))
+    # 1e-9 is itself known to ~1e-16 / 1e-9: the log to ~1e-7 of its ~20.
+    np.testing.assert_allclose(got, np.log(1e-9) / (2 * w), rtol=1e-6)

@@ -353,12 +353,50 @@ def test_simulate_rejects_bad_noise_arguments(kwargs, match):
         (np.ones(2), "finite number >= 0"),
         (1j, "real number"),
         (True, "real number"),
+        ("0.1", "`sigma` must be a real number; got '0.1'"),
+        (None, "`sigma` must be a real number; got None"),
     ],
 )
 @pytest.mark.parametrize("kind", [mf.IndependentNoise, mf.CommonNoise])
 def test_noise_rejects_bad_sigma(kind, sigma, match):
     with pytest.raises(ValueError, match=match):
         kind(sigma)
+
+
+@pytest.mark.parametrize("bad", [-0.2, np.nan, np.inf])
+def test_ensemble_rejects_a_bad_member_sigma(bad):
+    # A vmapped constructor traces sigma and cannot check it: the ensemble
+    # checks its (B,) noise levels on the host, naming the systems.
+    batch = jax.vmap(mf.Particles)(np.ones((3, 2, 2)))
+    noise = jax.vmap(mf.IndependentNoise)(jnp.array([0.1, bad, 0.3]))
+    match = r"`noise.sigma` must be finite and >= 0; systems \[1\] have"
+    with pytest.raises(ValueError, match=match):
+        mf.simulate_ensemble(
+            batch, _attention(2), 1.0, noise=noise, key=jr.key(0), dt0=0.5
+        )
+
+
+def test_a_traced_bad_sigma_marks_the_solve_invalid_input():
+    # Under jax.jit sigma cannot raise: `mark_invalid_start` (which `simulate`
+    # applies to its solve) reports the check as status "invalid_input".
+    from meanfield._simulate_inputs import mark_invalid_start
+
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    sol = mf.simulate(
+        mf.Particles(x), _attention(2), 0.5, noise=mf.IndependentNoise(0.1),
+        key=jr.key(0), dt0=0.25,
+    )  # fmt: skip
+
+    @jax.jit
+    def mark(sol, sigma):
+        return mark_invalid_start(sol, x, None, 1e8, mf.IndependentNoise(sigma))
+
+    for sigma in (np.nan, -0.1, np.inf):
+        marked = mark(sol, sigma)
+        assert marked.status == "invalid_input" and marked.blowup_time == np.inf
+    assert mark(sol, 0.1).status == sol.status == "success"
+    # Concrete inputs, checked on the host already, are left alone.
+    assert mark_invalid_start(sol, x, None, 1e8, mf.IndependentNoise(0.1)) is sol
 
 
 def test_layers_and_ensemble_reject_bad_noise_arguments():
@@ -420,10 +458,51 @@ def test_ito_steps_on_the_sphere_keep_the_radius(noise):
 
 
 def test_ito_solvers_other_than_euler_are_refused_on_the_sphere():
+    class OtherIto(dfx.Euler):  # an Ito solver that is not Euler-Maruyama itself
+        pass
+
     x = np.eye(3)[:2]
-    with pytest.raises(ValueError, match="Ito solver ItoMilstein"):
+    with pytest.raises(ValueError, match="Ito solver OtherIto"):
         mf.simulate(
             mf.Particles(x), _attention(3), 1.0, normalization="sphere",
             noise=mf.IndependentNoise(0.1), key=jr.key(0),
-            solver=dfx.ItoMilstein(), dt0=0.1,
+            solver=OtherIto(), dt0=0.1,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "noise, normalization",
+    [
+        (mf.IndependentNoise(0.1), None),
+        (mf.IndependentNoise(0.1), "sphere"),
+        (mf.CommonNoise(0.1), None),
+    ],
+)
+def test_milstein_solvers_need_additive_noise(noise, normalization):
+    # The Milstein schemes assume commutative noise: only independent noise in
+    # R^d (additive) is; diffrax's ItoMilstein cannot take the diffusion at all.
+    x = np.eye(3)[:2]
+    opts = dict(noise=noise, key=jr.key(0), dt0=0.1, normalization=normalization)
+    with pytest.raises(ValueError, match="`solver` diffrax.ItoMilstein"):
+        mf.simulate(
+            mf.Particles(x), _attention(3), 1.0, solver=dfx.ItoMilstein(), **opts
+        )
+    milstein = dfx.StratonovichMilstein()
+    additive = isinstance(noise, mf.IndependentNoise) and normalization is None
+    if additive:
+        # For additive noise Milstein's correction vanishes: it is
+        # Euler-Maruyama, of strong order 1 on the path of a fine Heun solve.
+        opts.pop("dt0")
+        mu, attn = mf.Particles(x), _attention(3)
+        ref = mf.simulate(mu, attn, 1.0, solver="heun", dt0=2**-10, **opts).x[-1]
+        errors = []
+        for dt in (0.05, 0.025):
+            sol = mf.simulate(mu, attn, 1.0, solver=milstein, dt0=dt, **opts)
+            euler = mf.simulate(mu, attn, 1.0, solver="euler", dt0=dt, **opts)
+            assert sol.status == "success"
+            np.testing.assert_allclose(sol.x, euler.x, rtol=1e-12, atol=1e-12)
+            errors.append(np.abs(sol.x[-1] - ref).max())
+        assert 1.6 < errors[0] / errors[1] < 2.4  # halving dt halves the error
+    else:
+        with pytest.raises(ValueError, match="assumes commutative noise"):
+            mf.simulate(mf.Particles(x), _attention(3), 1.0, solver=milstein, **opts)

@@ -345,8 +345,10 @@ def antipodal_threshold(
         tokens, unnormalized:  d e^{-beta} / sigma^2 < 1,
                                beta_c = log(d / sigma^2).
 
-    The "values" threshold is the two-token phase transition of Fedorov et al.
-    (2026), with beta the coefficient of <x_1, x_2> in the attention logit.
+    The "values" threshold is that of the two-token reduction of Fedorov et
+    al.'s depth limit (2026), with beta the coefficient of <x_1, x_2> in the
+    attention logit: derived here, not read from their theorem
+    ([Comparison with Fedorov et al.][math-common-noise-paper]).
     Where the inequality holds for every real beta (values with d = 2;
     tokens/softmax with sigma^2 >= 2 d) the result is -inf; it may be negative
     (then every beta >= 0 is above it). At beta = beta_c itself -1 does not

@@ -29,8 +29,9 @@ import numpy as np
 from jaxtyping import ArrayLike, Float
 from scipy.special import ive
 
-from .._checks import check_tolerances
+from .._checks import check_tolerances, real_scalar
 from .._clock import diffeqsolve_in_jit
+from .._progress import progress_meter
 from .._repr import fields_repr
 from ._splitting import SplitHeatSSPRK43, heat_rates
 from ._ssp import PositiveSSPRK43
@@ -48,14 +49,14 @@ def cell_centres(N: int) -> np.ndarray:
 
 
 def _check_beta(beta) -> float:
-    value = float(beta)
+    value = real_scalar(beta, "beta")
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"`beta` must be positive and finite; got {beta}.")
     return value
 
 
 def _check_sigma(sigma) -> float:
-    value = float(sigma)
+    value = real_scalar(sigma, "sigma")
     if not (np.isfinite(value) and value >= 0):
         raise ValueError(f"`sigma` must be >= 0 and finite; got {sigma}.")
     return value
@@ -200,9 +201,7 @@ def _solve(
     def field(t, rho, args):
         return rate_of_change(rho, cos_hat, sin_hat, softmax)
 
-    meter = (
-        dfx.TqdmProgressMeter(refresh_steps=20) if progress else dfx.NoProgressMeter()
-    )
+    meter = progress_meter(progress)
     # Positive steps (`PositiveSSPRK43`), landing on the save times so that the
     # saved rows are steps' ends, not interpolants. No floor on the step beyond
     # the solver's own (relative to t): unnormalised attention at beta ~ 700
@@ -257,7 +256,7 @@ def simulate(
         t1: final time, > 0.
         beta: inverse temperature, > 0.
         attention: "softmax" (normalised by Z) or "unnormalized".
-        sigma: noise of the tokens, >= 0: adds (sigma^2 / 2) d_theta^2 rho,
+        sigma: noise of the tokens, a number >= 0: adds (sigma^2 / 2) d_theta^2 rho,
             solved exactly and split from the transport (Strang); 0 solves the
             transport alone, as without this argument.
         saveat: save times (T,) in [0, t1], non-decreasing; None saves 0 and t1.
@@ -272,8 +271,8 @@ def simulate(
 
     Raises:
         ValueError: rho0 not a finite nonnegative (N,) array of mass 1, N < 4,
-            beta or t1 not positive, sigma negative, unknown attention, saveat
-            outside [0, t1],
+            beta or t1 not a positive finite number, sigma not a finite number
+            >= 0 (a scalar), unknown attention, saveat outside [0, t1],
             max_steps not a positive integer, beta > 709.8 (e^beta beyond
             float64) with attention="unnormalized".
     """
@@ -295,7 +294,7 @@ def simulate(
             f"`rho0` must have mass h sum rho0 = 1 (h = 2 pi / N); got {mass:.12g}: "
             "divide it by its mass."
         )
-    t1 = float(t1)
+    t1 = real_scalar(t1, "t1")
     if not (np.isfinite(t1) and t1 > 0):
         raise ValueError(f"`t1` must be positive and finite; got {t1}.")
     ts = np.array([0.0, t1]) if saveat is None else np.asarray(saveat, np.float64)
