@@ -9,7 +9,9 @@ Every case runs twice against one persistent-cache directory: "cold" (empty
 directory: what a first run pays) and "warm" (the same programs compiled by the
 cold run: what every later process pays); "no cache" runs with
 MEANFIELD_COMPILATION_CACHE=0. Repeated calls are timed too (`mf.layers` must
-not recompile).
+not recompile), and so is a sweep: calls at other horizons t1 (another length
+of the solver clock) with other save times of the same shape, which must reuse
+the compiled solve (`sweep_s`, the slowest such call, and `sweep_programs`).
 
     python benchmarks/first_call.py    # out/benchmarks/first_call_<platform>.json
     python benchmarks/first_call.py --out benchmarks/results   # the committed one
@@ -25,6 +27,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+#: A checkout whose meanfield the children import instead (`--source`).
+SOURCE = None
+
 CASES = {
     # The issue's case: n = 256 tokens on S^2, t1 = 20, 101 saves.
     "simulate": """
@@ -33,15 +38,20 @@ g = np.random.default_rng(0).normal(size=(256, 3)).astype(np.float32)
 mu = mf.Particles(g / np.linalg.norm(g, axis=1, keepdims=True))
 eye = np.eye(3, dtype=np.float32)
 NAMES = ("simulate", "SoftmaxAttention")
-call = lambda: mf.simulate(mu, mf.SoftmaxAttention(eye, A=eye), 20.0,
-    saveat=np.linspace(0, 20, 101), normalization="sphere").x
+run = lambda t1: mf.simulate(mu, mf.SoftmaxAttention(eye, A=eye), t1,
+    saveat=np.linspace(0, t1, 101), normalization="sphere").x
+call = lambda: run(20.0)
+sweep = [lambda t1=t1: run(t1) for t1 in (24.0, 5.0, 100.0, 15.0)]
 """,
     "gaussian.simulate": """
 import numpy as np
 gauss = mf.Gaussian(np.zeros(2), np.eye(2))
 attn = mf.SoftmaxAttention(np.eye(2), A=np.array([[0.8, 0.1], [0.0, -0.5]]))
 NAMES = ("gaussian",)
-call = lambda: mf.gaussian.simulate(gauss, attn, 5.0).cov
+run = lambda t1: mf.gaussian.simulate(gauss, attn, t1,
+    saveat=np.linspace(0, t1, 11)).cov
+call = lambda: run(5.0)
+sweep = [lambda t1=t1: run(t1) for t1 in (6.0, 1.0, 40.0)]
 """,
     "layers": """
 import numpy as np
@@ -76,8 +86,14 @@ for _ in range(3):
     start = time.perf_counter()
     jax.block_until_ready(call())
     again.append(time.perf_counter() - start)
+swept, before = [], len(programs)
+for other in globals().get("sweep", []):
+    start = time.perf_counter()
+    jax.block_until_ready(other())
+    swept.append(time.perf_counter() - start)
 short = lambda k: sum(v for n, v in events.items() if n.endswith(k))
 print(json.dumps(dict(first_s=first, repeat_s=again, platform=jax.default_backend(),
+    sweep_s=max(swept, default=0.0), sweep_programs=len(programs) - before,
     import_s=imported, programs=programs,
     trace_s=short("jaxpr_trace_duration"),
     lower_s=short("jaxpr_to_mlir_module_duration"),
@@ -89,6 +105,8 @@ print(json.dumps(dict(first_s=first, repeat_s=again, platform=jax.default_backen
 def _run(case: str, cache: str | None) -> dict:
     env = dict(os.environ)
     env["MEANFIELD_COMPILATION_CACHE"] = cache if cache is not None else "0"
+    if SOURCE is not None:  # another checkout's meanfield (a before/after pair)
+        env["PYTHONPATH"] = os.pathsep.join([SOURCE, env.get("PYTHONPATH", "")])
     out = subprocess.run(
         [sys.executable, "-c", CHILD % CASES[case]],
         env=env,
@@ -113,6 +131,17 @@ def main() -> int:
         help="fresh processes per case and setting; medians reported (default: 3)",
     )
     parser.add_argument(
+        "--source",
+        default=None,
+        help="directory holding the meanfield package to time (default: the "
+        "installed one; e.g. a worktree of an earlier commit)",
+    )
+    parser.add_argument(
+        "--name",
+        default="first_call",
+        help="output file name stem (default: %(default)s)",
+    )
+    parser.add_argument(
         "--cases",
         nargs="+",
         choices=list(CASES),
@@ -120,6 +149,8 @@ def main() -> int:
         help="cases to run (default: all)",
     )
     args = parser.parse_args()
+    global SOURCE
+    SOURCE = None if args.source is None else str(Path(args.source).resolve())
     results, platform = {}, "cpu"
     for case in args.cases:
         rows = {"no cache": [], "cold": [], "warm": []}
@@ -135,6 +166,10 @@ def main() -> int:
             | {
                 "repeat_s": statistics.median(min(r["repeat_s"]) for r in runs),
                 "programs": statistics.median(len(r["programs"]) for r in runs),
+                "sweep_s": statistics.median(r.get("sweep_s", 0.0) for r in runs),
+                "sweep_programs": statistics.median(
+                    r.get("sweep_programs", 0) for r in runs
+                ),
             }
             for setting, runs in rows.items()
         }
@@ -144,11 +179,13 @@ def main() -> int:
                 f"(import {row['import_s']:.2f}, trace {row['trace_s']:.2f}, "
                 f"lower {row['lower_s']:.2f}, compile {row['compile_s']:.2f}; "
                 f"{row['programs']:g} programs); "
-                f"repeated call {row['repeat_s']:.3f} s"
+                f"repeated call {row['repeat_s']:.3f} s; "
+                f"other t1 and saves {row['sweep_s']:.3f} s "
+                f"({row['sweep_programs']:g} programs)"
             )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"first_call_{platform}.json"
+    path = out / f"{args.name}_{platform}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(dict(repeats=args.repeats, cases=results), indent=1))
     tmp.replace(path)

@@ -144,6 +144,27 @@ def as_float_array(value, name: str, dtype=None) -> jax.Array:
     return arr
 
 
+def real_scalar(value, name: str) -> float:
+    """`value` as a Python float; ValueError naming `name` unless one real number.
+
+    Python and NumPy numbers and 0-d arrays pass; strings (even "0.1"), None,
+    booleans, complex numbers and arrays with a shape do not. The value itself
+    (sign, finiteness) is the caller's to check.
+    """
+    if (
+        isinstance(value, str | bytes | bool | np.bool_)
+        or np.ndim(value) != 0
+        or np.iscomplexobj(value)
+    ):
+        raise ValueError(f"`{name}` must be a real number (a scalar); got {value!r}.")
+    try:
+        return float(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"`{name}` must be a real number (a scalar); got {value!r}."
+        ) from err
+
+
 def check_finite(arr: jax.Array, name: str) -> jax.Array:
     """Reject NaN/inf entries in `arr`.
 

@@ -268,9 +268,10 @@ def simulate(
 
     Returns:
         A `Solution` (ts, x, blowup_time, status, measure(i)). Under jax.jit or
-        jax.vmap, where the tokens are traced and cannot be checked on the host,
-        a zero token under a normalization or a start at or beyond
-        `blowup_radius` gives status "invalid_input" instead of the ValueError.
+        jax.vmap, where the tokens or the noise level are traced and cannot be
+        checked on the host, a zero token under a normalization, a start at or
+        beyond `blowup_radius`, or a noise sigma that is negative, NaN or
+        infinite gives status "invalid_input" instead of the ValueError.
 
     Raises:
         ValueError: bad measure/attention type, tokens neither float32 nor

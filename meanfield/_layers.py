@@ -19,7 +19,7 @@ from ._linalg import row_norms
 from ._measures import AbstractParticles
 from ._noise import AbstractNoise
 from ._normalization import ON_SPHERE
-from ._simulate_inputs import check_common, check_noise
+from ._simulate_inputs import check_common, check_noise, mark_invalid_start
 
 
 def layers(
@@ -68,7 +68,10 @@ def layers(
             layers][math-feedforward]).
 
     Returns:
-        A `Solution` with T = L + 1 saved states (ts = l h).
+        A `Solution` with T = L + 1 saved states (ts = l h). Traced inputs that
+        `simulate` would mark (a zero token under a normalization, a start at
+        or beyond `blowup_radius`, a negative, NaN or infinite noise sigma)
+        give status "invalid_input".
     """
     measure = check_common(measure, attn, normalization)
     check_noise(noise, key, normalization)
@@ -85,7 +88,7 @@ def layers(
     # Depth, radius and the Brownian path's clock as traced arrays: a new t1 or
     # radius reuses the compiled stack (one compilation per measure/attention
     # structure, shapes and L).
-    return _layers(
+    sol = _layers(
         measure,
         attn,
         noise,
@@ -98,6 +101,8 @@ def layers(
         alpha=float(ngpt_alpha),
         splitting=splitting,
     )
+    # The host checks of the tokens and of noise.sigma, made on traced inputs.
+    return mark_invalid_start(sol, measure.x, normalization, blowup_radius, noise)
 
 
 @eqx.filter_jit

@@ -41,17 +41,31 @@ def _with_simplex_weights(x, weights) -> tuple[Float[Array, "n d"], Float[Array,
         return x, jax.device_put(np.full((n,), 1.0 / n, dtype=dtype))
     w = as_float_array(weights, "weights").astype(dtype)
     check_shape(w, (n,), "weights", "(n,)")
-    # A length-n sum in this dtype is exact to about n ulps.
-    tol = max(n, 16) * jnp.finfo(dtype).eps
+    return check_simplex(x, w)
+
+
+def check_simplex(x, w) -> tuple[Array, Array]:
+    """(x, w), raising unless every row of w (..., n) is a point of the simplex.
+
+    The weights' check of `Particles`, for weights of any leading shape: finite,
+    nonnegative, summing to 1 along the last axis to max(n, 16) ulps of w's
+    dtype (a length-n sum is exact to about n ulps). A ValueError for concrete
+    weights, checked on the host; `eqx.error_if` threaded through (x, w) for
+    traced ones (a check on w alone is dead-code eliminated under jit when only
+    x is used downstream).
+    """
+    n = w.shape[-1]
+    tol = max(n, 16) * jnp.finfo(w.dtype).eps
     if is_traced(x, w):
         x, w = check_values(
             (x, w), jnp.any(~jnp.isfinite(w)), "`weights` contains NaN or inf."
         )
-        bad = jnp.any(w < 0) | (jnp.abs(jnp.sum(w) - 1) > tol)
+        bad = jnp.any(w < 0) | jnp.any(jnp.abs(jnp.sum(w, axis=-1) - 1) > tol)
     else:  # on the host: eager checks would compile small programs
         w = check_finite(w, "weights")
         host = np.asarray(w)
-        bad = bool(np.any(host < 0) or abs(host.sum(dtype=host.dtype) - 1) > tol)
+        total = host.sum(axis=-1, dtype=host.dtype)
+        bad = bool(np.any(host < 0) or np.any(np.abs(total - 1) > tol))
     return check_values(
         (x, w),
         bad,

@@ -28,7 +28,12 @@ from ._checks import is_traced
 
 def _as_sigma(sigma: ArrayLike) -> Array:
     """Sigma as a float array; ValueError when concrete and not a finite scalar >= 0."""
-    s = jnp.asarray(sigma)
+    try:
+        if isinstance(sigma, str | bytes):  # jnp.asarray reads "0.1" as characters
+            raise TypeError
+        s = jnp.asarray(sigma)
+    except (TypeError, ValueError) as err:  # a string, None, an object
+        raise ValueError(f"`sigma` must be a real number; got {sigma!r}.") from err
     if s.dtype == bool or not (
         jnp.issubdtype(s.dtype, jnp.floating) or jnp.issubdtype(s.dtype, jnp.integer)
     ):
@@ -88,7 +93,8 @@ class IndependentNoise(AbstractNoise):
             under jax.jit/jax.vmap, where it is not checked).
 
     Raises:
-        ValueError: `sigma` not a real scalar, negative, NaN or infinite.
+        ValueError: `sigma` not a real scalar (a string, None, a boolean, a
+            complex number, an array with a shape), negative, NaN or infinite.
     """
 
     sigma: Array
@@ -128,7 +134,8 @@ class CommonNoise(AbstractNoise):
             under jax.jit/jax.vmap, where it is not checked).
 
     Raises:
-        ValueError: `sigma` not a real scalar, negative, NaN or infinite.
+        ValueError: `sigma` not a real scalar (a string, None, a boolean, a
+            complex number, an array with a shape), negative, NaN or infinite.
     """
 
     sigma: Array

@@ -7,7 +7,8 @@ happened). Concrete tokens are checked on the host, a ValueError naming the rows
 or the systems of an ensemble's (B, n, d) tokens, before anything is vmapped.
 Traced tokens (a caller's jax.jit or jax.vmap) cannot raise for one member
 without stopping all of them: `invalid_start` gives a traced flag, and the solve
-reports status "invalid_input" for that member only.
+reports status "invalid_input" for that member only; so does a traced noise
+level that is negative, NaN or infinite (`invalid_noise`).
 
 A noise (`_noise`) needs a PRNG key, and a normalization for which its SDE is
 defined: `check_noise`.
@@ -84,7 +85,8 @@ def check_noise(noise, key, normalization, *, batch: int | None = None) -> None:
     Raises:
         ValueError: a key without noise; noise that is not an `AbstractNoise`;
             noise without a key, or a key that is not a JAX PRNG key; a
-            normalization other than None or "sphere"; sigma of another shape.
+            normalization other than None or "sphere"; sigma of another shape,
+            or (concrete) a sigma, or a system's, negative, NaN or infinite.
     """
     if noise is None:
         if key is not None:
@@ -118,6 +120,18 @@ def check_noise(noise, key, normalization, *, batch: int | None = None) -> None:
     if shape not in ((), (batch,)):
         want = "a scalar" if batch is None else f"a scalar or shape ({batch},)"
         raise ValueError(f"`noise.sigma` must be {want}; got shape {shape}.")
+    if not is_traced(noise.sigma):
+        # The constructor checks a scalar; a batch of them (jax.vmap of the
+        # constructor, where sigma was traced) is checked here, per system.
+        sigma = host_array(noise.sigma)
+        bad = ~(np.isfinite(sigma) & (sigma >= 0))
+        if np.any(bad):
+            where = (
+                f"systems {_listed(np.flatnonzero(bad))} have {_listed(sigma[bad])}"
+                if shape
+                else f"got {float(sigma)}"
+            )
+            raise ValueError(f"`noise.sigma` must be finite and >= 0; {where}.")
 
 
 def check_start(x, normalization, blowup_radius: float, name="measure") -> None:
@@ -172,12 +186,29 @@ def invalid_start(x, normalization, blowup_radius: float):
     return bad
 
 
-def mark_invalid_start(sol, x, normalization, blowup_radius: float):
-    """`sol` with status "invalid_input" and no blow-up time where x fails.
+def invalid_noise(noise):
+    """Traced flag: the noise level `noise.sigma` is negative, NaN or infinite."""
+    sigma = noise.sigma
+    return jnp.any(~(jnp.isfinite(sigma) & (sigma >= 0)))
 
-    x (n, d) are traced tokens (`invalid_start`); `sol` a particle `Solution`.
+
+def mark_invalid_start(sol, x, normalization, blowup_radius: float, noise=None):
+    """`sol` with status "invalid_input" and no blow-up time where an input fails.
+
+    The checks that concrete inputs get on the host (`check_start`,
+    `check_noise`), made on traced ones: tokens x (n, d) that fail
+    `invalid_start`, and a `noise` whose sigma fails `invalid_noise`. Concrete
+    inputs (already checked) are skipped: `sol` comes back as it is when
+    neither is traced. `sol` is a particle `Solution`.
     """
-    bad = invalid_start(x, normalization, blowup_radius)
+    bad = None
+    if is_traced(x):
+        bad = invalid_start(x, normalization, blowup_radius)
+    if noise is not None and is_traced(noise.sigma):
+        wrong = invalid_noise(noise)
+        bad = wrong if bad is None else bad | wrong
+    if bad is None:
+        return sol
     return eqx.tree_at(
         lambda s: (s.result, s.blowup_time),
         sol,

@@ -32,8 +32,9 @@ class Status(enum.IntEnum):
             horizon (`mf.gaussian.blowup_times`; label "stationary").
         INVALID_INPUT: an input check that `mf.simulate` makes on the host failed
             on inputs traced under jax.jit or jax.vmap, where it cannot raise: a
-            zero token under a normalization that needs its direction, or a
-            start at or beyond `blowup_radius` (label "invalid_input"). Concrete
+            zero token under a normalization that needs its direction, a
+            start at or beyond `blowup_radius`, or a noise level `sigma` that
+            is negative, NaN or infinite (label "invalid_input"). Concrete
             inputs (including `mf.simulate_ensemble`'s) raise a ValueError.
     """
 

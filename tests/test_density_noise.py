@@ -7,6 +7,9 @@ e^{ik theta} grows at lambda_k^0 - sigma^2 k^2 / 2, and every mode decays above
 sigma_c = sqrt(2 I_1(beta) / (beta I_0(beta))) (softmax; docs/math/density.md).
 """
 
+import math
+from decimal import Decimal, localcontext
+
 import diffrax as dfx
 import jax
 import jax.numpy as jnp
@@ -14,8 +17,11 @@ import numpy as np
 import pytest
 import scipy.integrate
 import scipy.linalg
+from scipy.optimize import brentq
+from scipy.special import ive
 
 from meanfield import density
+from meanfield.density import _bessel
 from meanfield.density._circle import _kernel_coefficients, rate_of_change
 from meanfield.density._splitting import SplitHeatSSPRK43, _clip, heat, heat_rates
 
@@ -107,6 +113,200 @@ def test_critical_noise_limits_shapes_and_fastest_mode():
         assert density.fastest_mode(30.0, sigma=f * sigma_c) == k_star
     assert density.fastest_mode(30.0, sigma=sigma_c * (1 + 1e-9)) == 0
     assert density.fastest_mode(30.0, sigma=3.0) == 0
+
+
+def _bessel_ratios(beta, ks):
+    """I_k(beta) / I_0(beta) for integers ks >= 1, as Decimals of 40 digits.
+
+    The ratios r_k = I_k / I_{k-1} solve r_k = 1 / (2k / beta + r_{k+1}): run
+    downwards from r = 0 at K = max(ks) + 10 sqrt(beta) + 50, where I_K / I_k
+    < e^{-50}, the error in r_k is below 1e-40 (I_k is the recurrence's minimal
+    solution, which the downward direction keeps). No Bessel function is called.
+    """
+    with localcontext() as context:
+        context.prec = 40
+        two_over_beta = 2 / Decimal(beta)
+        top = int(max(ks))
+        ratio, ratios = Decimal(0), {}
+        for k in range(top + int(10 * math.sqrt(beta)) + 50, 0, -1):
+            ratio = 1 / (k * two_over_beta + ratio)
+            if k <= top:
+                ratios[k] = ratio
+        gamma, gammas = Decimal(1), {}
+        for k in range(1, top + 1):
+            gamma *= ratios[k]
+            gammas[k] = gamma
+        return [gammas[int(k)] for k in ks]
+
+
+def _bessel_ratio_by_quadrature(k, beta):
+    """I_k(beta) / I_0(beta) by the trapezoid rule, for beta >= 1e3.
+
+    gamma_k = int_0^pi e^{beta (cos u - 1)} cos(ku) du / (the same without cos);
+    t = sqrt(2 beta) sin(u / 2) turns e^{beta (cos u - 1)} du into
+    e^{-t^2} 2 dt / sqrt(2 beta - t^2). The integrand is even, smooth, and below
+    1e-390 past |t| = 30 < sqrt(2 beta): the trapezoid rule with h = 0.05 is
+    exact to rounding (its error is of order e^{-pi^2 / h^2}).
+    """
+    t = np.arange(-30.0, 30.0 + 0.025, 0.05)
+    weight = np.exp(-t * t) / np.sqrt(2 * beta - t * t)
+    angle = 2 * np.arcsin(t / np.sqrt(2 * beta))
+    return np.sum(weight * np.cos(k * angle)) / np.sum(weight)
+
+
+@pytest.mark.parametrize("beta", [3.0, 100.0, 9_999.0, 10_001.0, 1e5])
+def test_rates_match_the_bessel_ratio_recurrence_in_40_digits(beta):
+    ks = np.arange(1, int(4 * np.sqrt(beta)) + 5)
+    beta_ = Decimal(beta)
+    want = np.array([float(g / beta_) for g in _bessel_ratios(beta, ks)])
+    got = density.growth_rate(ks, beta) / ks**2
+    # SciPy's ive (beta <= 1e4) errs by up to 7e-14 in the tail k ~ 4 sqrt(beta)
+    # near beta = 1e4; Debye's expansion above by 5e-15 (rounding of E_k ~ 8).
+    rtol = 3e-13 if beta <= 1e4 else 3e-14
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=0)
+
+
+def test_rates_beyond_scipys_range_match_the_recurrence_and_quadrature():
+    # beta = 3e9: SciPy's ive returns NaN here (it overflows past ~2e9).
+    beta = 3e9
+    ks = np.array([1, 2, 10, round(math.sqrt(2 * beta)), round(2 * math.sqrt(beta))])
+    want = [float(g / Decimal(beta)) for g in _bessel_ratios(beta, ks)]
+    got = density.growth_rate(ks, beta) / ks**2
+    np.testing.assert_allclose(got, want, rtol=3e-14, atol=0)
+    # beta = 1e12, by quadrature at the fastest mode (gamma ~ e^{-1}): ~1e-15.
+    beta, k = 1e12, 1_414_214
+    want = _bessel_ratio_by_quadrature(k, beta) / beta
+    np.testing.assert_allclose(density.growth_rate(k, beta) / k**2, want, rtol=1e-13)
+
+
+def test_expansions_and_scipy_agree_where_both_hold():
+    # At the switch beta = 1e4 Debye's first omitted term is below 0.113 / beta^4
+    # = 1.1e-17 and ive is accurate to 1e-13; at 1e-5 the series' first omitted
+    # term is below 1e-32 relatively. Either side of each, the same ratios.
+    ks = np.arange(0.0, 405.0)
+    beta = 1e4
+    debye = np.exp(_bessel._debye_log_ratio(ks, beta))
+    np.testing.assert_allclose(debye, ive(ks, beta) / ive(0, beta), rtol=2e-13)
+    ks = np.arange(1.0, 6.0)
+    for beta in (_bessel._SMALL_BETA * (1 - 1e-9), 1e-6):
+        assert beta < _bessel._SMALL_BETA  # the series
+        want = ive(ks, beta) / (beta * ive(0, beta))
+        np.testing.assert_allclose(_bessel.rate(ks, beta), want, rtol=1e-13)
+
+
+def test_large_beta_limits_of_the_rates_and_the_critical_noise():
+    for beta in (3e9, 1e10, 1e15, 1e100, 1e300, 1.7e308):
+        # I_1 / I_0 = 1 - 1/(2 beta) - 1/(8 beta^2) + O(beta^-3): to rounding here.
+        gamma1 = 1 - 1 / (2 * beta) - 1 / (8 * beta) / beta
+        np.testing.assert_allclose(
+            density.critical_noise(beta), np.sqrt(2 / beta * gamma1), rtol=1e-15
+        )
+        np.testing.assert_allclose(
+            density.growth_rate(1, beta), gamma1 / beta, rtol=1e-15
+        )
+    sigma_c = density.critical_noise(np.array([1e4, 1e8, 1e12, 1e200]))
+    np.testing.assert_allclose(
+        sigma_c, np.sqrt(2 / np.array([1e4, 1e8, 1e12, 1e200])), rtol=1e-4
+    )
+    # The fastest mode ~ sqrt(2 beta) = 1414213.56: the nearest integer, whose
+    # rate beats its neighbour's by 1.2e-13 (500 ulps) relatively.
+    beta = 1e12
+    assert density.fastest_mode(beta) == 1_414_214
+    # With sigma = f sigma_c, lambda_k ~ 2x (e^{-x} - f^2), x = k^2 / (2 beta):
+    # largest at (1 - x) e^{-x} = f^2 (corrections O(1 / beta)).
+    sigma_c = density.critical_noise(beta)
+    for f in (0.3, 0.5, 0.9):
+        x = brentq(lambda x, f=f: (1 - x) * np.exp(-x) - f**2, 0.0, 1.0, xtol=1e-15)
+        got = density.fastest_mode(beta, sigma=f * sigma_c)
+        assert abs(got - np.sqrt(2 * beta * x)) < 1
+    assert density.fastest_mode(beta, sigma=sigma_c * (1 + 1e-9)) == 0
+    # Beyond ~1e15 the neighbours' rates agree to rounding: within 1e-8.
+    for beta in (1e20, 1e30):
+        assert abs(density.fastest_mode(beta) / np.sqrt(2 * beta) - 1) < 1e-7
+
+
+@pytest.mark.parametrize("beta", [5e-324, 1e-310, 1e-300, 1e-100, 1e-8])
+def test_small_beta_limits_hold_down_to_subnormal_beta(beta):
+    # sigma_c^2 = 1 - beta^2 / 8 + ..., lambda_1 = 1/2 (1 - beta^2 / 8 + ...): the
+    # Kuramoto limit, to rounding for beta <= 1e-8.
+    np.testing.assert_allclose(density.critical_noise(beta), 1.0, rtol=1e-15)
+    np.testing.assert_allclose(density.growth_rate(1, beta), 0.5, rtol=1e-15)
+    np.testing.assert_allclose(
+        density.growth_rate(1, beta, "unnormalized"), 0.5, rtol=1e-15
+    )
+    assert density.fastest_mode(beta) == 1
+    # lambda_k = k^2 (beta/2)^(k-1) / (2 k!) (1 + O(beta^2)), in 40 digits.
+    ks = np.array([1, 2, 3])
+    want = [
+        float(int(k) ** 2 * g / Decimal(beta))
+        for k, g in zip(ks, _bessel_ratios(beta, ks), strict=True)
+    ]
+    # Subnormal rates (k >= 2 at beta < 1e-307) have no relative precision.
+    tiny = np.finfo(np.float64).tiny
+    np.testing.assert_allclose(
+        density.growth_rate(ks, beta), want, rtol=1e-14, atol=tiny
+    )
+
+
+@pytest.mark.parametrize("attention", ["softmax", "unnormalized"])
+def test_fastest_mode_has_the_largest_rate_of_every_mode(attention):
+    # The search (ternary, on a unimodal sequence) against all modes' rates.
+    top = 2e4 if attention == "softmax" else 700.0
+    for beta in np.geomspace(1e-3, top, 25):
+        sigma_c = density.critical_noise(beta, attention)
+        ks = np.arange(1, int(4 * np.sqrt(beta)) + 5)
+        for f in (0.0, 0.3, 0.9, 0.999, 1 + 1e-9):
+            rates = density.growth_rate(ks, beta, attention, f * sigma_c)
+            got = density.fastest_mode(beta, attention, f * sigma_c)
+            if rates.max() <= 0:
+                assert got == 0
+            else:  # the largest rate, to rounding (two may tie)
+                assert rates[got - 1] >= rates.max() - 1e-13 * abs(rates.max())
+
+
+def test_growth_rate_broadcasts_modes_against_an_array_of_beta():
+    ks = np.arange(0, 6)[:, None]
+    betas = np.array([1e-310, 0.5, 30.0, 1e5, 1e12])
+    got = density.growth_rate(ks, betas, sigma=0.1)
+    assert got.shape == (6, 5)
+    want = [[density.growth_rate(k, b, sigma=0.1) for b in betas] for k in range(6)]
+    np.testing.assert_allclose(got, want, rtol=1e-15, atol=0)
+    assert np.all(got[0] == 0)  # the mass
+    unnormalised = density.growth_rate(2, betas[:3], "unnormalized")
+    want = [density.growth_rate(2, b, "unnormalized") for b in betas[:3]]
+    np.testing.assert_allclose(unnormalised, want, rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: density.growth_rate(1.5, 1.0), "`k` must hold integer mode"),
+        (lambda: density.growth_rate(np.nan, 1.0), "`k` must hold integer mode"),
+        (lambda: density.growth_rate("1", 1.0), "`k` must hold integer mode"),
+        (lambda: density.growth_rate([1, 2, 3], [1.0, 2.0]), "must broadcast"),
+        (lambda: density.growth_rate(1, "big"), "`beta` must be positive"),
+        (lambda: density.growth_rate(1, [1.0, -1.0]), "`beta` must be positive"),
+        (lambda: density.growth_rate(1, 800.0, "unnormalized"), "`beta` = 800"),
+        (lambda: density.fastest_mode([1.0, 2.0]), "`beta` must be a real number"),
+        (lambda: density.fastest_mode(1e31), "`beta` must be at most 1e\\+30"),
+        (lambda: density.fastest_mode(1.0, sigma="big"), "`sigma` must be a real"),
+        (
+            lambda: density.simulate(
+                np.full(8, 1 / (2 * np.pi)), 1.0, beta=1.0, sigma="big"
+            ),
+            "`sigma` must be a real number",
+        ),
+        (
+            lambda: density.simulate(
+                np.full(8, 1 / (2 * np.pi)), 1.0, beta=1.0, sigma=np.array([0.1])
+            ),
+            "`sigma` must be a real number",
+        ),
+    ],
+)
+def test_bad_modes_and_betas_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,24 @@ def test_spectral_accuracy_in_the_grid():
 def test_residual_flags_an_unresolved_grid():
     # A sharp unnormalised cluster (width ~ 0.02) on 32 cells of width 0.2.
     sigma = 0.3 * critical_noise(16.0, "unnormalized")
-    assert stationary(16.0, sigma, "unnormalized", N=32).residual > 1e-3
+    state = stationary(16.0, sigma, "unnormalized", N=32)
+    assert state.residual > 1e-3 and not state.converged
+    sweep = noise_continuation(16.0, [sigma, 2 * sigma], "unnormalized", N=32)
+    assert sweep.residual > 1e-3 and not sweep.converged
+    branch = cluster_branch(16.0, [0.3, 0.9], "unnormalized", N=32)
+    assert not branch.converged.any()
+
+
+def test_converged_is_decided_on_the_flux_residual():
+    # Softmax at beta = 300, sigma = sigma_c / 2: a cluster of width ~0.03 on 64
+    # cells of width 0.1. Newton meets its tolerance on the discrete fixed point;
+    # the zero-flux equation is off by 1e5, far beyond any rounding.
+    sigma = 0.5 * critical_noise(300.0)
+    coarse = stationary(300.0, sigma, N=64)
+    assert coarse.residual > 1e3 and not coarse.converged
+    # 512 cells resolve it: residual ~1e-13, within 10 tol (1 + max|phi|).
+    fine = stationary(300.0, sigma, N=512)
+    assert fine.residual < 1e-11 and fine.converged and fine.stable
 
 
 @pytest.mark.parametrize(
@@ -245,6 +262,33 @@ def test_type_change_is_mun_rosenzweig_beta_star():
     np.testing.assert_allclose(root, beta_star, rtol=1e-6)
     assert transition_type(2.0, "unnormalized") == "continuous"
     assert transition_type(3.0, "unnormalized") == "discontinuous"
+
+
+def test_landau_coefficient_at_large_and_small_beta():
+    # Above beta = 1e4 the O(1 / beta) differences 1 - gamma_1 and 1 - q come
+    # from Debye's logarithms: no cancellation, at any beta (ive is NaN past 2e9).
+    for beta in (3e9, 1e10, 1e15, 1e100, 1e300):
+        # Softmax kappa = 2 / (3 beta) + O(beta^-3); unnormalised, from Hankel's
+        # q = I_2 / I_1 = 1 - 3 / (2 beta) + 3 / (8 beta^2) + O(beta^-3),
+        # kappa = 1 - 1 / (2 (1 - q)) = -beta / 3 + 11/12 + O(1 / beta).
+        np.testing.assert_allclose(landau_coefficient(beta) * beta, 2 / 3, rtol=1e-13)
+        np.testing.assert_allclose(
+            landau_coefficient(beta, "unnormalized"), -beta / 3 + 11 / 12, rtol=1e-13
+        )
+        assert transition_type(beta) == "continuous"
+        assert transition_type(beta, "unnormalized") == "discontinuous"
+    # Across the switch to Debye's expansion, the same kappa (the ratios of ive
+    # below it lose eps beta = 2e-12 relatively in 1 - gamma_1).
+    below, above = (landau_coefficient(1e4 * (1 + e)) for e in (-1e-12, 1e-12))
+    np.testing.assert_allclose(below, above, rtol=1e-10)
+    # beta -> 0, with q = beta / 4 and 1 - gamma_1 = 1 - beta / 2 + O(beta^2):
+    # kappa = 1/2 + beta / 8 (softmax), 1/2 - beta / 8 (unnormalised), down to
+    # subnormal beta (O(beta^2) below rounding here).
+    for beta in (5e-324, 1e-300, 1e-8):
+        np.testing.assert_allclose(landau_coefficient(beta), 0.5 + beta / 8, rtol=1e-15)
+        np.testing.assert_allclose(
+            landau_coefficient(beta, "unnormalized"), 0.5 - beta / 8, rtol=1e-15
+        )
 
 
 def test_softmax_stays_continuous():
@@ -348,6 +392,8 @@ def test_bad_inputs():
         stationary(800.0, 1.0, "unnormalized")
     with pytest.raises(ValueError, match="sigma"):
         stationary(1.0, 1e-200)  # a^{-1} beyond float64
+    with pytest.raises(ValueError, match="`sigma` must be a real number"):
+        stationary(1.0, "big")
     with pytest.raises(ValueError, match="sigmas"):
         noise_continuation(1.0, [0.5, 0.4])
     with pytest.raises(ValueError, match="sigmas"):

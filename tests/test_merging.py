@@ -398,6 +398,9 @@ def test_simulate_merging_checks_its_arguments():
         simulate_merging(mu, attn, 2.0, merge_tol=1e-4, saveat=ts)
     with pytest.raises(ValueError, match="adaptive"):
         simulate_merging(mu, attn, 1.0, merge_tol=1e-4, saveat=ts, solver="euler")
+    # An infinite horizon has no solve (saveat ending at inf is increasing).
+    with pytest.raises(ValueError, match="`t1` must be a finite time; got inf"):
+        simulate_merging(mu, attn, np.inf, merge_tol=1e-4, saveat=[0.0, 1.0, np.inf])
     with pytest.raises(ValueError, match="unmasked"):
         simulate_merging(
             mf.MaskedParticles(_circle(4), np.linspace(0, 1, 4)),

@@ -506,3 +506,23 @@ def test_milstein_solvers_need_additive_noise(noise, normalization):
     else:
         with pytest.raises(ValueError, match="assumes commutative noise"):
             mf.simulate(mf.Particles(x), _attention(3), 1.0, solver=milstein, **opts)
+
+
+def test_a_bad_sigma_under_jit_is_invalid_input():
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    run = jax.jit(lambda s: mf.simulate(
+        mf.Particles(x), _attention(2), 1.0, noise=mf.IndependentNoise(s),
+        key=jr.key(0), dt0=0.25).result)  # fmt: skip
+    for sigma in (np.nan, -0.1, np.inf):
+        assert run(sigma) == mf.Status.INVALID_INPUT
+    assert run(0.1) == mf.Status.SUCCESS
+
+
+def test_noisy_layers_mark_a_bad_traced_sigma_invalid_input():
+    x = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])
+    run = jax.jit(lambda s: mf.layers(
+        mf.Particles(x), _attention(2), 4, noise=mf.IndependentNoise(s),
+        key=jr.key(0)).result)  # fmt: skip
+    for sigma in (np.nan, -0.1, np.inf):
+        assert run(sigma) == mf.Status.INVALID_INPUT
+    assert run(0.1) == mf.Status.SUCCESS

@@ -34,6 +34,31 @@ def test_order_parameter_is_the_weighted_mean_direction():
     assert abs(float(order_parameter(halves))) < 1e-15
 
 
+@pytest.mark.parametrize(
+    "weights",
+    [
+        [1.5, -0.5, 0.0, 0.0, 0.0],  # sums to 1, one negative
+        [0.6] * 5,  # sums to 3: three times the order parameter
+        [0.2, 0.2, np.nan, 0.2, 0.2],
+        [[0.2] * 5, [0.4] * 5],  # one row of a batch off the simplex
+    ],
+)
+def test_order_parameter_checks_its_weights_as_particles_do(weights):
+    x = np.random.default_rng(4).standard_normal((2, 5, 3))
+    w = np.asarray(weights)
+    with pytest.raises(ValueError, match="`weights`"):
+        order_parameter(x if w.ndim == 2 else x[0], w)
+    with pytest.raises(ValueError, match="`weights`"):
+        mf.Particles(x[0], w[-1] if w.ndim == 2 else w)
+    # Under jit the same check is a runtime error, never a wrong number.
+    checked = jax.jit(order_parameter)
+    with pytest.raises(Exception, match="nonnegative and sum to 1"):
+        checked(x[0], jnp.asarray([0.6] * 5)).block_until_ready()
+    np.testing.assert_allclose(
+        checked(x[0], jnp.full(5, 0.2)), order_parameter(x[0]), rtol=1e-15
+    )
+
+
 def test_order_parameter_of_uniform_directions_is_of_order_one_over_sqrt_n():
     # E R^2 = sum_i w_i^2 = 1/n exactly for independent uniform directions; the
     # mean of 4000 draws of n R^2 (variance <= 1 on S^2... bounded by 2) is 1

@@ -24,7 +24,7 @@ from scipy.spatial import cKDTree
 
 from .. import _dynamics, _normalization
 from .._attention.base import AbstractAttention
-from .._checks import check_tolerances, reject_result
+from .._checks import check_finite_times, check_tolerances, reject_result
 from .._clock import diffeqsolve_in_jit
 from .._linalg import row_norms
 from .._measures import AbstractParticles, MaskedParticles, Particles
@@ -356,7 +356,7 @@ def simulate_merging(
     Args:
         mu: initial unmasked `Particles` (n, d).
         attn: the attention field.
-        t1: final time; must equal saveat[-1].
+        t1: final time, finite; must equal saveat[-1].
         merge_tol: merging distance, > 0. A merge perturbs the field by
             O(merge_tol^2) (docs/math/energy.md); tokens of one cluster approach
             each other exponentially fast, so a small tolerance costs little.
@@ -379,8 +379,9 @@ def simulate_merging(
         merge_times), in float64 whatever JAX's default precision.
 
     Raises:
-        ValueError: masked particles, merge_tol not positive, saveat not
-            increasing from t0 to t1, a fixed-step solver.
+        ValueError: masked particles, merge_tol not positive, t0 or t1 not a
+            finite number, saveat not increasing from t0 to t1, a fixed-step
+            solver.
         TypeError: `mu` is a `Solution` (pass `sol.measure(i)`).
     """
     if isinstance(mu, MaskedParticles) or not isinstance(mu, AbstractParticles):
@@ -394,6 +395,7 @@ def simulate_merging(
         )
         raise ValueError(f"`mu` must be unmasked Particles; got {type(mu).__name__}.")
     merge_tol = check_positive(merge_tol, "merge_tol")
+    check_finite_times(t0=t0, t1=t1)
     check_tolerances(rtol, atol)
     solver, adaptive = _dynamics._solver(solver)
     if not adaptive:

@@ -13,8 +13,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float
 
-from .._checks import reject_result
+from .._checks import as_float_array, reject_result
 from .._dynamics import Solution
+from .._measures import check_simplex
 from .._repr import fields_repr
 from ._phase import pair_alignment
 
@@ -52,15 +53,28 @@ def order_parameter(
 
     Returns:
         Shape (...): NaN where a system holds a non-finite token.
+
+    Raises:
+        ValueError: `x` not of shape (..., n, d), `weights` without last axis n,
+            or weights that are negative, not finite or do not sum to 1 (under
+            jax.jit: a runtime error, as `Particles` raises).
     """
     if weights is None and isinstance(x, Solution):
-        # (..., n) weights of the initial measures, one per save time (..., T, n).
-        weights = jnp.expand_dims(x.initial.weights, -2)
-    x = _tokens(x, "x")
-    n = x.shape[-2]
-    w = jnp.full((n,), 1 / n, x.dtype) if weights is None else jnp.asarray(weights)
-    if w.shape[-1:] != (n,):
-        raise ValueError(f"`weights` must have last axis n = {n}; got {w.shape}.")
+        # (..., n) weights of the initial measures, one per save time (..., T, n):
+        # checked on the simplex when the measure was made.
+        x, w = _tokens(x, "x"), jnp.expand_dims(x.initial.weights, -2)
+    else:
+        x = _tokens(x, "x")
+        n = x.shape[-2]
+        if weights is None:
+            w = jnp.full((n,), 1 / n, x.dtype)
+        else:
+            w = as_float_array(weights, "weights").astype(x.dtype)
+            if w.shape[-1:] != (n,):
+                raise ValueError(
+                    f"`weights` must have last axis n = {n}; got {w.shape}."
+                )
+            x, w = check_simplex(x, w)  # as `Particles` checks its weights
     w = jnp.broadcast_to(w, x.shape[:-1])  # explicit: leading axes may be absent
     mean = jnp.sum(w[..., None] * _directions(x), axis=-2)
     value = jnp.linalg.norm(mean, axis=-1)

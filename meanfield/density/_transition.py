@@ -17,6 +17,7 @@ from scipy.optimize import brentq
 from scipy.special import ive
 
 from .._repr import fields_repr
+from ._bessel import neighbour_ratios
 from ._circle import _check_attention, _check_beta, cell_centres
 from ._stationary import (
     _PUSH,
@@ -49,7 +50,11 @@ def landau_coefficient(beta: float, attention: str = "softmax") -> float:
                 + 3 g_3),
 
     g_j the Taylor coefficients of G at the threshold a = b = 1 / gamma_1.
-    Unnormalised: kappa = (1 - 2q) / (2 (1 - q)), q = I_2(beta) / I_1(beta).
+    Unnormalised: kappa = (1 - 2q) / (2 (1 - q)), q = I_2(beta) / I_1(beta);
+    softmax: kappa = delta (3/2 - delta - delta q / (2 (1 - q))), delta =
+    1 - gamma_1. Both tend to 1/2 as beta -> 0; softmax kappa ~ 2 / (3 beta)
+    and unnormalised kappa ~ 11/12 - beta / 3 as beta -> inf. Accurate at
+    every beta > 0 ([Large and small beta][math-density-bessel]).
     See [The amplitude equation][math-noise-amplitude].
 
     Args:
@@ -64,15 +69,13 @@ def landau_coefficient(beta: float, attention: str = "softmax") -> float:
     """
     beta = _check_beta(beta)
     _check_attention(attention)
-    gamma1 = ive(1, beta) / ive(0, beta)
-    gamma2 = ive(2, beta) / ive(0, beta)
-    g1 = 1 / gamma1
+    # gamma_1 = 1 - delta and q = gamma_2 / gamma_1 = 1 - gap: at large beta
+    # both are 1 - O(1 / beta), and delta, gap are computed without cancellation.
+    delta, q, gap = neighbour_ratios(beta)
     if attention == "softmax":
-        g2, g3 = g1 * (g1 - 1) / 2, g1 * (g1 - 1) * (g1 - 2) / 6
-    else:
-        g2, g3 = g1**2 / 2, g1**3 / 6
-    slaved = 2 * g2**2 * gamma2 / (1 - gamma2 / gamma1)
-    return float(2 * g2 * gamma1**2 - gamma1**3 * (slaved + 3 * g3))
+        # The formula above with g1 = 1 / gamma_1 and g_j = binom(g1, j).
+        return float(delta * (1.5 - delta - delta * q / (2 * gap)))
+    return float((1 - 2 * q) / (2 * gap))
 
 
 def transition_type(beta: float, attention: str = "softmax") -> str:
@@ -146,7 +149,8 @@ class NoiseContinuation:
         from_cluster: order parameter continued with increasing sigma from the
             clustered state, shape (S,).
         sigma_c: the linear threshold (`critical_noise`).
-        converged: every state converged and is stable.
+        converged: every state converged (`StationaryState.converged`: the
+            iteration and the flux residual) and is stable.
         residual: the largest flux residual of the states (`StationaryState`).
         beta: the inverse temperature.
         attention: "softmax" or "unnormalized".
@@ -237,16 +241,16 @@ def noise_continuation(
     for i in range(sig.size - 1, -1, -1):
         s = prob.scale(sig[i])
         psi, conv, stable, _ = _settle(prob, psi + push, s, tol, max_iter)
-        state = _state(prob, psi, sig[i], conv, stable, 0)
-        down[i], ok = state.order, ok and conv and stable
+        state = _state(prob, psi, sig[i], conv, stable, 0, tol=tol)
+        down[i], ok = state.order, ok and state.converged and stable
         worst = max(worst, state.residual)
     up = np.empty(sig.size)
     psi = _point_cluster_image(prob, prob.scale(sig[0]))
     for i in range(sig.size):
         s = prob.scale(sig[i])
         psi, conv, stable, _ = _settle(prob, psi, s, tol, max_iter)
-        state = _state(prob, psi, sig[i], conv, stable, 0)
-        up[i], ok = state.order, ok and conv and stable
+        state = _state(prob, psi, sig[i], conv, stable, 0, tol=tol)
+        up[i], ok = state.order, ok and state.converged and stable
         worst = max(worst, state.residual)
     return NoiseContinuation(
         sigma=sig,
@@ -268,7 +272,8 @@ class ClusterBranch:
         order: the order parameters r, shape (R,).
         sigma: the noise at which the state of order r is stationary, (R,).
         stable: the state is stable within even densities, (R,).
-        converged: Newton converged, (R,).
+        converged: Newton converged and the state solves the zero-flux
+            equation to its tolerance (`StationaryState.converged`), (R,).
         residual: the flux residual of each state (`StationaryState`), (R,).
         rho: the states at `cell_centres(N)`, shape (R, N).
         sigma_c: the linear threshold, where the branch leaves the uniform state.
@@ -352,10 +357,10 @@ def cluster_branch(
     out = dict(sigma=[], stable=[], converged=[], residual=[], rho=[])
     for psi, s, ok, lam in _branch(prob, r, tol):
         sigma = prob.sigma(s)
-        state = _state(prob, psi, sigma, ok, lam <= 1 + _STABLE_SLACK, 0)
+        state = _state(prob, psi, sigma, ok, lam <= 1 + _STABLE_SLACK, 0, tol=tol)
         out["sigma"].append(sigma)
         out["stable"].append(state.stable)
-        out["converged"].append(ok)
+        out["converged"].append(state.converged)
         out["residual"].append(state.residual)
         out["rho"].append(state.rho)
     return ClusterBranch(
@@ -492,7 +497,7 @@ def coexistence_noise(beta: float, N: int = 512, tol: float = 1e-12) -> float:
         uniform = -0.5 * sigma**2 * np.log(2 * np.pi) - np.exp(prob.beta) * ive(
             0, prob.beta
         ) / (2 * prob.beta)
-        return _state(prob, psi, sigma, ok, True, 0).free_energy - uniform
+        return _state(prob, psi, sigma, ok, True, 0, tol=tol).free_energy - uniform
 
     # The saddles between the uniform state and the cluster (the unstable part)
     # lie above the uniform state's free energy: the crossing is on the stable
