@@ -142,3 +142,18 @@ def log_i0(beta) -> np.ndarray:
         return b - 0.5 * (np.log(2 * np.pi) + np.log(b)) + np.log1p(_debye_sum(k, b))
 
     return _by_regime(0.0, beta, scaled, scaled, debye)
+
+
+def scaled_bessel(k, beta: float) -> np.ndarray:
+    """e^{-beta} I_k(beta) for integers k >= 0 (array) and one beta > 0.
+
+    SciPy's `ive` up to _LARGE_BETA; above, Debye's expansion (SciPy returns
+    NaN past beta ~ 2e9): e^{-beta} I_0(beta) times I_k / I_0, each finite.
+    """
+    k = np.asarray(k, np.float64)
+    if beta <= _LARGE_BETA:
+        return _ive(k, beta)
+    log_scaled_i0 = -0.5 * (np.log(2 * np.pi) + np.log(beta)) + np.log1p(
+        _debye_sum(np.zeros_like(k), beta)
+    )
+    return np.exp(log_scaled_i0 + _debye_log_ratio(k, beta))

@@ -27,12 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import ArrayLike, Float
-from scipy.special import ive
 
 from .._checks import check_tolerances, real_scalar
 from .._clock import diffeqsolve_in_jit
 from .._progress import progress_meter
 from .._repr import fields_repr
+from ._bessel import scaled_bessel
 from ._splitting import SplitHeatSSPRK43, heat_rates
 from ._ssp import PositiveSSPRK43
 
@@ -91,7 +91,8 @@ def _kernel_coefficients(N: int, beta: float, attention: str):
     K_c = e^{beta cos psi} has K^_k = I_k(beta); K_s = -e^{beta cos psi} sin psi
     = (1/beta) d/dpsi K_c has ik I_k(beta) / beta. The half-cell phase moves the
     convolution from the cell centres to the right faces. Scaled by e^{-beta}
-    (`ive`) against overflow; unnormalised attention multiplies it back.
+    (`_bessel.scaled_bessel`) against overflow; unnormalised attention
+    multiplies it back.
 
     Raises:
         ValueError: unnormalised attention with e^beta beyond float64.
@@ -99,7 +100,7 @@ def _kernel_coefficients(N: int, beta: float, attention: str):
     _check_representable(beta, attention)
     k = np.arange(N // 2 + 1)
     shift = np.exp(0.5j * k * (2 * np.pi / N))
-    i_k = ive(k, beta)
+    i_k = scaled_bessel(k, beta)  # SciPy past its range: NaN (`_bessel`)
     cos_hat = 2 * np.pi * i_k * shift
     sin_hat = 2 * np.pi * (1j * k / beta) * i_k * shift
     if N % 2 == 0:  # the Nyquist mode has no sign of its own: leave it out

@@ -27,10 +27,10 @@ import dataclasses
 
 import numpy as np
 from jaxtyping import ArrayLike, Float
-from scipy.special import ive
 
 from .._checks import real_scalar
 from .._repr import fields_repr
+from ._bessel import scaled_bessel
 from ._circle import _check_attention, _check_beta, _check_representable, cell_centres
 from ._linear import critical_noise
 
@@ -138,7 +138,7 @@ class _Problem:
         self.kernel = self.h * (
             np.exp(beta * (np.cos(diff) - 1)) + np.exp(beta * (np.cos(total) - 1))
         )
-        gamma = ive(np.arange(n), beta)
+        gamma = scaled_bessel(np.arange(n), beta)
         kept = np.nonzero(gamma >= _MODE_CUTOFF * gamma[0])[0]
         M = int(kept[-1])
         # kernel = C diag(D) C^T up to modes above M (e^{beta cos} = sum I_k e^{ik.}).
@@ -310,7 +310,7 @@ def _flux_residual(rho: np.ndarray, beta: float, sigma: float, attention) -> flo
     """The flux residual max |rho' - (2/sigma^2) rho v| / max rho, by FFT."""
     N = rho.size
     k = np.arange(N // 2 + 1)
-    i_k = ive(k, beta)
+    i_k = scaled_bessel(k, beta)
     cos_hat = 2 * np.pi * i_k
     sin_hat = 2 * np.pi * (1j * k / beta) * i_k
     deriv = 1j * k.astype(np.float64)
