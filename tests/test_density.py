@@ -289,8 +289,8 @@ def test_a_temperature_beyond_scipys_bessel_range_still_solves():
     theta = (np.arange(N) + 0.5) * 2 * np.pi / N
     rho0 = 1 + 0.1 * np.cos(theta)
     rho0 /= rho0.sum() * 2 * np.pi / N
-    sol = mf.density.simulate(rho0, 0.01, beta=3e9)
+    sol = density.simulate(rho0, 0.01, beta=3e9)
     assert sol.status == "success" and np.all(np.isfinite(sol.rho))
     np.testing.assert_allclose(sol.mass, 1.0, rtol=1e-13)
-    state = mf.density.stationary(3e9, 1e-3, N=N)
+    state = density.stationary(3e9, 1e-3, N=N)
     assert not state.converged  # 1/sqrt(beta) is far below the cell
