@@ -403,8 +403,8 @@ def _point_cluster_image(prob: _Problem, s: float) -> np.ndarray:
     """The map's image log T(delta_0) of a point cluster at 0: the default seed."""
     n = prob.N // 2
     theta = cell_centres(prob.N)[:n]
-    Z = np.exp(prob.beta * (np.cos(theta) - 1))
-    phi = s * np.log(Z) if prob.softmax else s * Z
+    log_Z = prob.beta * (np.cos(theta) - 1)  # log of e^{-beta} Z, never -inf
+    phi = s * log_Z if prob.softmax else s * np.exp(log_Z)
     phi = phi - phi.max()
     return phi - np.log(2 * prob.h * np.exp(phi).sum())
 
