@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -264,3 +265,162 @@ def test_ctrl_c_that_python_swallows_still_exits_130(tmp_path, when):
         assert proc.stderr.strip() == "meanfield: interrupted"
         assert files == ["first.png", "manifest.json", "second.png"]
         assert "done" in proc.stdout
+
+
+# ---- two runs taking one lock at once, interleaved deterministically -----------------
+#
+# The second run is this process under another identity: `os.getpid` answers the
+# pid of a live Python process (so each run sees the other as a live meanfield
+# run), and it runs inside a hook on the first run's file operations: at the
+# moment the lock file appears, or just before the first run creates or removes
+# it. Whatever the moment, exactly one of the two holds the lock.
+
+
+@contextlib.contextmanager
+def _another_python():
+    """A live Python process whose pid the second run claims."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+
+
+def _interleave(monkeypatch, directory, pid, *, when):
+    """Run the second acquirer once, at `when` of the first's operations on the lock.
+
+    when: "appeared" (right after a call that creates the lock file: the old
+    `O_EXCL` open, or the link) or "before_create" / "before_remove" (right before
+    a call that creates or removes it). Returns the list that receives the second
+    run's outcome: its token, or the DirectoryInUse it raised.
+    """
+    from meanfield._app import lock
+
+    path = directory / LOCK
+    outcome = []
+    real = {name: getattr(os, name) for name in ("open", "link", "replace", "unlink")}
+
+    def second():
+        if outcome:
+            return  # once; its own calls pass through
+        outcome.append(None)
+        with monkeypatch.context() as m:
+            m.setattr(os, "getpid", lambda: pid)
+            try:
+                outcome[0] = lock.acquire(directory)
+            except DirectoryInUse as err:
+                outcome[0] = err
+
+    def around(name, target, creates):
+        def call(*args, **kwargs):
+            hit = os.fspath(args[target]) == os.fspath(path)
+            if name == "open":
+                hit = hit and bool(args[1] & os.O_CREAT)
+            if hit and when == ("before_create" if creates else "before_remove"):
+                second()
+            result = real[name](*args, **kwargs)
+            if hit and creates and when == "appeared":
+                second()
+            return result
+
+        return call
+
+    monkeypatch.setattr(os, "open", around("open", 0, creates=True))
+    monkeypatch.setattr(os, "link", around("link", 1, creates=True))
+    monkeypatch.setattr(os, "replace", around("replace", 0, creates=False))
+    monkeypatch.setattr(os, "unlink", around("unlink", 0, creates=False))
+    return outcome
+
+
+def _holder_token(directory):
+    return json.loads((directory / LOCK).read_text())["token"]
+
+
+def test_a_run_arriving_as_the_lock_appears_reads_its_record_and_is_refused(
+    tmp_path, monkeypatch
+):
+    # The lock used to appear empty (created, then written): a run arriving in
+    # between took it for a garbled, stale lock and both runs went on.
+    from meanfield._app.lock import acquire
+
+    with _another_python() as pid:
+        outcome = _interleave(monkeypatch, tmp_path, pid, when="appeared")
+        token = acquire(tmp_path)
+        assert len(outcome) == 1, "the second run never arrived"
+        assert isinstance(outcome[0], DirectoryInUse), outcome
+        assert f"pid {os.getpid()}" in str(outcome[0])
+    assert _holder_token(tmp_path) == token
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]  # no temporary left
+
+
+def test_a_run_arriving_just_before_the_lock_is_created_wins_it(tmp_path, monkeypatch):
+    from meanfield._app.lock import acquire
+
+    with _another_python() as pid:
+        outcome = _interleave(monkeypatch, tmp_path, pid, when="before_create")
+        with pytest.raises(DirectoryInUse, match=rf"pid {pid}\)"):
+            acquire(tmp_path)
+        assert isinstance(outcome[0], str)  # the second run's token
+    assert _holder_token(tmp_path) == outcome[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]
+
+
+def test_two_runs_taking_over_one_stale_lock_do_not_both_hold_it(tmp_path, monkeypatch):
+    # Both judge the lock of a dead run stale; the second takes it over first.
+    # The first must not then remove the second's new lock as if it were the
+    # stale one.
+    from meanfield._app.lock import acquire
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = {"pid": int(dead.stdout), "start": 1, "host": socket.gethostname()}
+    (tmp_path / LOCK).write_text(json.dumps({**stale, "token": "dead"}) + "\n")
+    with _another_python() as pid:
+        outcome = _interleave(monkeypatch, tmp_path, pid, when="before_remove")
+        with pytest.raises(DirectoryInUse, match=rf"pid {pid}\)"):
+            acquire(tmp_path)
+        assert isinstance(outcome[0], str)
+    assert _holder_token(tmp_path) == outcome[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]
+
+
+def test_manifests_record_no_machine_path(tmp_path, monkeypatch):
+    from meanfield._app.manifest import manifest
+
+    monkeypatch.chdir(tmp_path)
+    config = {"out": str(tmp_path / "res"), "peer": "/opt/peer/code", "n": 3,
+              "runs": [str(tmp_path)]}  # fmt: skip
+    got = manifest(config, 0, None)["config"]
+    assert got == {"out": "res", "peer": "<elsewhere>/code", "n": 3, "runs": ["."]}
+
+
+def test_committed_benchmark_results_name_no_absolute_path():
+    import json
+    from pathlib import Path
+
+    def strings(value):
+        if isinstance(value, dict):
+            for v in value.values():
+                yield from strings(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+        elif isinstance(value, str):
+            yield value
+
+    results = Path(__file__).parents[1] / "benchmarks" / "results"
+    found = {
+        path.name: s
+        for path in results.glob("*.json")
+        for s in strings(json.loads(path.read_text()))
+        if s.startswith(("/", "C:\\")) and "/" in s[1:]
+    }
+    assert found == {}

@@ -39,11 +39,33 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def portable(value: Any, root: str | None = None) -> Any:
+    """`value` with every absolute path made portable (a manifest travels).
+
+    A string that is an absolute path inside `root` (default: the working
+    directory) becomes relative to it; one outside becomes "<elsewhere>/NAME"
+    (where it lay on one machine says nothing elsewhere). Dicts, lists and
+    tuples are walked; other values are returned as they are.
+    """
+    root = os.path.realpath(root or os.getcwd())
+    if isinstance(value, dict):
+        return {k: portable(v, root) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(v, root) for v in value]
+    if isinstance(value, str) and os.path.isabs(value):
+        path = os.path.realpath(value)
+        if path == root or path.startswith(root + os.sep):
+            return os.path.relpath(path, root)
+        return f"<elsewhere>/{os.path.basename(path.rstrip(os.sep))}"
+    return value
+
+
 def manifest(config: dict, seed: int | None, wall_time: float | None) -> dict[str, Any]:
     """Describe a run: configuration, seed, timing, software versions and device.
 
     Args:
-        config: the run's parameters (JSON-serialisable).
+        config: the run's parameters (JSON-serialisable); absolute paths in it
+            are recorded relative to the working directory (`portable`).
         seed: the PRNG seed, or None for a deterministic run.
         wall_time: elapsed wall-clock seconds, or None if not measured.
 
@@ -62,7 +84,7 @@ def manifest(config: dict, seed: int | None, wall_time: float | None) -> dict[st
     device = jax.devices()[0]
     return {
         "written_by": WRITTEN_BY,
-        "config": config,
+        "config": portable(config),
         "seed": seed,
         "wall_time_s": wall_time,
         "versions": versions,
