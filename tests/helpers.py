@@ -1,10 +1,46 @@
 """Naive O(n^2) NumPy references (explicit double loops) and shared fixtures."""
 
+import importlib.util
+import re
 from typing import NamedTuple
 
 import numpy as np
+import pytest
 
 import meanfield as mf
+from meanfield._optional import OPTIONAL
+
+#: Optional module -> (the PyPI package, the meanfield extra that installs it):
+#: the library's optional imports, and griffe (the docs' build, extra `docs`).
+EXTRAS = {**OPTIONAL, "griffe": ("griffe", "docs")}
+
+
+def requires(*modules: str) -> pytest.MarkDecorator:
+    """Skip a test where one of `modules` is not installed, naming its extra.
+
+    `pip install ".[dev]"` installs none of them: the suite must pass there too.
+    """
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    reasons = [
+        f"`{EXTRAS[m][0]}` not installed (pip install 'meanfield[{EXTRAS[m][1]}]')"
+        for m in missing
+    ]
+    return pytest.mark.skipif(bool(missing), reason="; ".join(reasons) or "installed")
+
+
+#: The ImportError of `meanfield._optional.require` for a package not installed.
+MISSING_PACKAGE = re.compile(
+    r"needs the `[\w.-]+` package, which is not installed.*?"
+    r"(pip install 'meanfield\[[\w-]+\]')"
+)
+
+
+def skip_if_an_extra_is_missing(text: str) -> None:
+    """Skip when `text` (an error, a child's stderr) is meanfield's ImportError
+    for an optional package that is not installed: code that needs an extra."""
+    found = MISSING_PACKAGE.search(text)
+    if found:
+        pytest.skip(f"needs an optional package: {found[1]}")
 
 
 def _bilinear(x_i, x_j, A=None, Q=None, K=None):

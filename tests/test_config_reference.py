@@ -14,8 +14,9 @@ import pytest
 from meanfield._app import bench_config, config, config_reference
 from meanfield._app.config import Key
 
-COMMANDS = ["demo", "simulate", "gaussian", "lipschitz", "phase", "density", "bench"]
-WITH_CONFIG = [c for c in COMMANDS if c != "demo"]
+RUNS = ["demo", "simulate", "gaussian", "lipschitz", "phase", "density", "bench"]
+COMMANDS = [*RUNS, "install-model"]
+WITH_CONFIG = [c for c in RUNS if c != "demo"]
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def _resolvers() -> dict:
 def test_the_page_has_a_section_per_command_in_the_order_of_help(page):
     assert list(config_reference.parsers()) == COMMANDS
     assert list(config_reference.schemas()) == COMMANDS
-    headings = re.findall(r"^## meanfield (\w+)$", page, re.M)
+    headings = re.findall(r"^## meanfield ([\w-]+)$", page, re.M)
     assert headings == COMMANDS
     assert page.startswith("# Command-line reference\n")
 
@@ -103,8 +104,10 @@ def test_every_option_of_the_parser_is_listed(page, command):
     section = _section(page, command)
     parser = config_reference.parsers()[command]
     strings = [s for action in parser._actions for s in action.option_strings]
-    assert "--out" in strings and "--seed" in strings and "--no-progress" in strings
-    assert ("--config" in strings) == (command != "demo")  # as the intro says
+    # As the intro says: the runs take these, install-model none of them.
+    common = {"--out", "--seed", "--no-progress"}
+    assert common <= set(strings) if command in RUNS else not common & set(strings)
+    assert ("--config" in strings) == (command in WITH_CONFIG)
     for string in strings:
         assert re.search(rf"^\| `(.*, )?{re.escape(string)}\b", section, re.M), string
 

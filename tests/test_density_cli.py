@@ -1,5 +1,6 @@
 """`meanfield density`: the density on the circle beside particles, from a TOML."""
 
+import dataclasses
 import json
 
 import jax
@@ -9,7 +10,11 @@ import pytest
 import meanfield as mf
 from meanfield import density
 from meanfield._app.cli import main
-from meanfield._app.density_report import initial_density, resolve_config
+from meanfield._app.density_report import (
+    UNNORMALIZED_MAX_BETA,
+    initial_density,
+    resolve_config,
+)
 
 SMALL = """\
 N = 128
@@ -108,6 +113,10 @@ def test_noisy_density_runs_beside_noisy_particles(tmp_path, capsys):
         ("perturbation = 1.5", "`perturbation` must be below 1"),
         ("noise = 0.5", "`noise`"),
         ("[noise]\nsigma = -1.0", "`noise.sigma` must be >= 0"),
+        (
+            'beta = 800.0\nattention = "unnormalized"',
+            '`beta` must be in (0, 709.7827] with `attention` = "unnormalized"',
+        ),
         ("colour = 1", "unknown key `colour`"),
     ],
 )
@@ -117,6 +126,45 @@ def test_density_rejects_bad_configurations(tmp_path, capsys, text, message):
     err = capsys.readouterr().err
     assert err.startswith("meanfield density: error:") and message in err
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_the_unnormalized_beta_limit_is_where_the_library_refuses():
+    # The configuration refuses what mf.density would refuse mid-run (a traceback).
+    limit = UNNORMALIZED_MAX_BETA
+    over = np.nextafter(limit, np.inf)
+    rho0 = np.full(8, 1 / (2 * np.pi))
+    run = dict(attention="unnormalized", max_steps=2)  # the check, not the solve
+    assert resolve_config({"beta": limit, "attention": "unnormalized"})["beta"] == limit
+    assert density.simulate(rho0, 1e-3, beta=limit, **run).status == "success"
+    with pytest.raises(ValueError, match="`beta`"):
+        resolve_config({"beta": over, "attention": "unnormalized"})
+    with pytest.raises(ValueError, match="`beta`"):
+        density.simulate(rho0, 1e-3, beta=over, **run)
+    assert resolve_config({"beta": 800.0})["beta"] == 800.0  # softmax: any beta
+
+
+def test_a_density_solve_that_stops_early_is_a_status_not_a_traceback(
+    tmp_path, capsys, monkeypatch
+):
+    # A solve that fails before t1 leaves NaN rows (e^beta near float64's limit
+    # with unnormalised attention does): the run reports it and exits 0.
+    solve = density.simulate
+
+    def stops_early(*args, **kwargs):
+        sol = solve(*args, **kwargs)
+        ts, rho = sol.ts.copy(), sol.rho.copy()
+        ts[2:], rho[2:] = np.inf, np.nan
+        return dataclasses.replace(sol, ts=ts, rho=rho, status="failed")
+
+    monkeypatch.setattr(density, "simulate", stops_early)
+    out = tmp_path / "out"
+    assert main(["density", "--config", _toml(tmp_path, SMALL), "--out", str(out)]) == 0
+    summary = json.loads((out / "manifest.json").read_text())["summary"]
+    assert summary["status"] == "failed" and summary["clusters_at_t1"] is None
+    with np.load(out / "density.npz") as data:
+        w1 = data["w1"]
+    assert np.all(np.isfinite(w1[:2])) and np.all(np.isnan(w1[2:]))
+    assert "t1 not reached" in capsys.readouterr().out
 
 
 def test_initial_density_has_mass_one_and_is_nonnegative():

@@ -304,6 +304,22 @@ def test_progress_bar_prints_to_the_end(key, capsys):
     assert "%" not in capsys.readouterr().err
 
 
+def test_progress_meter_shows_percent_and_times_but_no_rate(capsys):
+    from meanfield._progress import progress_meter
+
+    # diffrax's own tqdm bar counts percent (unit "%") and prints "12.3%/s".
+    decay = dfx.ODETerm(lambda t, y, args: -y)
+    meter = progress_meter(True)
+    sol = dfx.diffeqsolve(
+        decay, dfx.Tsit5(), 0.0, 1.0, 0.01, jnp.ones(2), progress_meter=meter
+    )
+    assert sol.result == dfx.RESULTS.successful
+    err = capsys.readouterr().err
+    assert "0.00%" in err and "100.00%" in err and "<" in err  # elapsed<remaining
+    assert "/s" not in err
+    assert isinstance(progress_meter(False), dfx.NoProgressMeter)
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -157,19 +157,25 @@ def test_ties_are_shared_in_proportion_to_weights():
 
 @pytest.mark.parametrize("blocking", ["dense", "blocked"])
 def test_ties_within_rounding_are_ties(blocking):
-    # k2 = k1 + 0.37 p with p orthogonal to q: the logits are equal up to the
-    # rounding of k2 and of the dot products, and differ by one ulp in float64.
-    q = np.array([[0.3, 0.7]])
-    k1 = np.array([1.1, 0.9])
-    k2 = k1 + 0.37 * np.array([-0.7, 0.3])
-    assert float(q[0] @ k1) != float(q[0] @ k2)  # the test exercises rounding
-    rest = 0.2 * np.asarray(jr.normal(jr.key(1), (9, 2)))
+    # k2 = k1 + p + e with p orthogonal to q and e tiny, all dyadic: every
+    # product and sum below is exact, so the logits are 5/8 and the next float64
+    # up under any BLAS, FMA contraction or rounding mode (1/4 e_0 = 2^-53 =
+    # ulp(5/8)), while the keys are 0.79 apart.
+    q = np.array([[0.25, 0.75]])
+    k1 = np.array([1.0, 0.5])
+    k2 = np.array([0.25 + 2.0**-51, 0.75])
+    assert q[0] @ k1 == 0.625
+    assert q[0] @ k2 == np.nextafter(0.625, np.inf)  # one ulp apart
+    # Nine keys on the circle of radius 0.2: logits <= 0.2 |q| < 0.2, far below.
+    angles = 2 * np.pi * np.arange(9) / 9
+    rest = 0.2 * np.stack([np.cos(angles), np.sin(angles)], axis=1)
     # k1 first, k2 last: in different blocks of the blocked kernel.
     x = np.concatenate([k1[None], rest, k2[None]])
     w = np.full(11, 0.05)
     w[0], w[-1] = 0.2, 0.35
     attn = mf.HardmaxAttention(np.eye(2), A=np.eye(2), blocking=blocking, block_size=3)
     got = attn.velocity_at(mf.Particles(x, w), q)
+    # k2 alone (the strict maximum) would give k2, 0.3 away from the mean.
     np.testing.assert_allclose(got[0], (0.2 * k1 + 0.35 * k2) / 0.55, atol=1e-15)
 
 

@@ -264,7 +264,7 @@ def test_real_model_without_the_extra_exits_2(tmp_path, capsys, monkeypatch):
     config = _toml(tmp_path, "[real_model]\nenabled = true\n")
     assert main(["lipschitz", "--config", config, "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "make real-model" in err
+    assert err.count("\n") == 1 and "`meanfield install-model`" in err
     assert not out.exists()
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import jax
 import pytest
+from helpers import skip_if_an_extra_is_missing
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.py"))
 
@@ -19,6 +20,9 @@ def test_notebook_runs_in_smoke_mode(path, monkeypatch):
     x64 = jax.config.jax_enable_x64
     try:
         runpy.run_path(str(path), run_name="__main__")
+    except ImportError as err:  # a tutorial on an extra, without it
+        skip_if_an_extra_is_missing(str(err))
+        raise
     finally:
         jax.config.update("jax_enable_x64", x64)
 

@@ -64,6 +64,7 @@ def test_sphere_run_writes_manifest_figures_animation_and_arrays(tmp_path, capsy
     assert manifest["device"]["platform"] == "cpu" and manifest["wall_time_s"] > 0
     summary = manifest["summary"]
     assert summary["status"] == "success" and summary["num_steps"] > 0
+    assert "order_parameter" not in summary  # noise-free: the clusters are sharp
     with np.load(out / "trajectory.npz") as data:
         x, ts = data["x"], data["ts"]
         np.testing.assert_allclose(ts, np.linspace(0, 4, 9), rtol=1e-6)
@@ -185,6 +186,35 @@ def test_bad_config_exits_2_with_one_line_naming_the_key(tmp_path, capsys, text,
     assert len(err) == 1 and err[0].startswith("meanfield simulate: error:")
     assert key in err[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_sigma_beyond_the_dtype_exits_2_naming_the_key_and_the_limit(tmp_path, capsys):
+    # 1e300 is inf in float32: refused with the configuration, not a traceback
+    # from the noise's constructor once the run has started.
+    config = tmp_path / "bad.toml"
+    noise = '[noise]\nkind = "independent"\nsigma = 1e300\n'
+    config.write_text('dtype = "float32"\n' + noise)
+    code = main(["simulate", "--config", str(config), "--out", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("meanfield simulate: error:")
+    assert "`noise.sigma` must be <= 3.40282e+38, the largest float32" in err[0]
+    assert not (tmp_path / "o").exists()
+    # float64 holds it; the largest float32 is a float32.
+    big = {"kind": "independent", "sigma": 1e300}
+    assert resolve_config({"dtype": "float64", "noise": big})["noise"] == {
+        **big,
+        "seed": 0,
+    }
+    largest = float(np.finfo(np.float32).max)
+    cfg = resolve_config({"noise": {"kind": "common", "sigma": largest}})
+    assert cfg["noise"]["sigma"] == largest
+    # `meanfield phase` resolves its dtype after [noise]: the same check.
+    from meanfield._app.phase_report import resolve_config as resolve_phase
+
+    with pytest.raises(ValueError, match="`noise.sigma` must be <= 3.40282e"):
+        resolve_phase({"dtype": "float32", "noise": big})
+    assert resolve_phase({"noise": big})["dtype"] == "float64"  # noisy default
 
 
 def test_directory_in_use_exits_2_naming_it(tmp_path, capsys):
@@ -415,8 +445,19 @@ def _noisy_segments(seed, noise_seed):
 def test_noisy_run_is_its_segments_on_the_documented_keys(tmp_path, capsys):
     code, out = _run(tmp_path, "noisy", NOISY, "--seed", "2")
     assert code == 0
-    assert "independent noise, sigma = 0.5, solver heun" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "independent noise, sigma = 0.5, solver heun" in printed
     manifest = json.loads((out / "manifest.json").read_text())
+    # The order parameter of the tokens at the first and last saves, beside the
+    # cluster count; about 1/sqrt(n) for independent uniform directions.
+    order = manifest["summary"]["order_parameter"]
+    with np.load(out / "trajectory.npz") as data:
+        want = mf.clustering.order_parameter(data["x"], data["weights"])
+    np.testing.assert_allclose(order["initial"], want[0], rtol=1e-12)
+    np.testing.assert_allclose(order["final"], want[-1], rtol=1e-12)
+    np.testing.assert_allclose(order["uniform"], 1 / np.sqrt(8), rtol=1e-12)
+    line = next(line for line in printed.splitlines() if "order parameter" in line)
+    assert f"{order['final']:.3f} at the end" in line and "x (sphere)" in line
     noise = {"kind": "independent", "sigma": 0.5, "seed": 4}
     assert manifest["config"]["noise"] == noise
     assert manifest["config"]["solver"] == "heun" and manifest["config"]["rtol"] == 1e-3

@@ -8,6 +8,7 @@ import jax.random as jr
 import matplotlib
 import numpy as np
 import pytest
+from helpers import requires
 from scipy.integrate import quad
 from scipy.optimize import linprog
 
@@ -65,6 +66,7 @@ def simplex(rng, n):
 # ---- exact W_p -----------------------------------------------------------------------
 
 
+@requires("ot")
 @pytest.mark.parametrize("p", [1, 2, 3])
 @pytest.mark.parametrize("n", [1, 4, 7])
 def test_exact_matches_brute_force_over_permutations(p, n):
@@ -76,6 +78,7 @@ def test_exact_matches_brute_force_over_permutations(p, n):
     np.testing.assert_allclose(float(d), brute_force_uniform(x, y, p), rtol=1e-12)
 
 
+@requires("ot")
 def test_exact_weighted_matches_duplicated_atoms():
     # nu has weights 2/6 on 3 atoms = 6 uniform atoms, each duplicated: the weighted
     # solver must equal the permutation brute force of the duplicated measure.
@@ -86,6 +89,7 @@ def test_exact_weighted_matches_duplicated_atoms():
     np.testing.assert_allclose(float(d), ref, rtol=1e-12)
 
 
+@requires("ot")
 @pytest.mark.parametrize("p", [1, 1.5, 2])
 def test_exact_weighted_matches_linear_program(p):
     rng = np.random.default_rng(2)
@@ -96,6 +100,7 @@ def test_exact_weighted_matches_linear_program(p):
     np.testing.assert_allclose(float(d), linprog_wp(x, a, y, b, p), rtol=1e-6)
 
 
+@requires("ot")
 @pytest.mark.parametrize("p", [1, 2, 3.5])
 def test_exact_matches_1d_quantile_formula(p):
     rng = np.random.default_rng(3)
@@ -106,6 +111,7 @@ def test_exact_matches_1d_quantile_formula(p):
     np.testing.assert_allclose(float(d), quantile_wp_1d(x, a, y, b, p), rtol=1e-12)
 
 
+@requires("ot")
 def test_samples_approach_bures():
     g1 = mf.Gaussian(jnp.array([0.0, 0.0]), jnp.array([[1.0, 0.3], [0.3, 0.5]]))
     g2 = mf.Gaussian(jnp.array([1.0, -0.5]), jnp.array([[0.4, -0.1], [-0.1, 1.5]]))
@@ -125,6 +131,7 @@ def test_samples_approach_bures():
     assert large < mean_error(32)
 
 
+@requires("ot")
 def test_exact_distance_is_a_metric_on_examples():
     rng = np.random.default_rng(4)
     mus = [mf.Particles(rng.normal(size=(5, 2)), simplex(rng, 5)) for _ in range(3)]
@@ -150,6 +157,7 @@ def test_blocked_logsumexp_matches_dense():
     np.testing.assert_allclose(out, dense, rtol=1e-13)
 
 
+@requires("ott")
 def test_sinkhorn_ott_and_blocked_agree():
     rng = np.random.default_rng(6)
     x, y = rng.normal(size=(120, 2)), 0.8 * rng.normal(size=(90, 2)) + 0.5
@@ -163,6 +171,7 @@ def test_sinkhorn_ott_and_blocked_agree():
     np.testing.assert_allclose(float(dense), float(blocked), rtol=1e-5)
 
 
+@requires("ot", "ott")
 @pytest.mark.parametrize("blocked", [False, True])
 def test_sinkhorn_divergence_approaches_exact_as_epsilon_shrinks(blocked):
     rng = np.random.default_rng(7)
@@ -180,6 +189,7 @@ def test_sinkhorn_divergence_approaches_exact_as_epsilon_shrinks(blocked):
     assert abs(float(default) - exact) < 0.02 * exact
 
 
+@requires("ott")
 def test_sinkhorn_zero_on_equal_measures_and_reports_non_convergence():
     rng = np.random.default_rng(8)
     mu = mf.Particles(rng.normal(size=(50, 2)))
@@ -207,6 +217,7 @@ def test_bures_commuting_case():
     np.testing.assert_allclose(W.gaussian_w2(g1, g2), ref, rtol=1e-13)
 
 
+@requires("ot")
 def test_bures_zero_symmetric_and_matches_pot():
     import ot
 
@@ -249,6 +260,7 @@ def test_conditional_one_atom_per_position_is_euclidean():
     assert d.method == "conditional"
 
 
+@requires("ot")
 def test_conditional_groups_use_exact_transport_within_positions():
     rng = np.random.default_rng(11)
     x, y = rng.normal(size=(6, 2)), rng.normal(size=(6, 2))
@@ -316,6 +328,7 @@ STABILITY_CASES = {
 SLOW_STABILITY = {"softmax_QK", "multihead"}
 
 
+@requires("ot")
 @pytest.mark.parametrize(
     "name",
     [
@@ -367,6 +380,7 @@ def test_masked_bound_uses_prefix_average_constant():
     assert hardy_constant(mf.Particles(np.zeros((3, 1))), 2) == 1.0
 
 
+@requires("ot")
 def test_stability_sinkhorn_has_radius_bound_but_no_ratio_bound():
     attn = mf.SinkhornAttention(jnp.eye(2), A=0.5 * jnp.eye(2))
     mu0, nu0 = _pair(np.random.default_rng(14), 12, 2)
@@ -375,6 +389,7 @@ def test_stability_sinkhorn_has_radius_bound_but_no_ratio_bound():
     assert np.all(st.radius <= st.radius_bound * (1 + 1e-9))
 
 
+@requires("ot")
 def test_plot_stability_draws_both_panels():
     attn, _ = STABILITY_CASES["softmax"]
     mu0, nu0 = _pair(np.random.default_rng(15), 10, 2)
@@ -417,9 +432,16 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="same dimension d"):
         W.gaussian_w2(g2, g3)
     attn = mf.SoftmaxAttention(jnp.eye(2), A=jnp.eye(2))
-    with pytest.raises(ValueError, match="coincide"):
-        W.stability(mu2, mu2, attn, [0.0, 1.0])
     with pytest.raises(ValueError, match="both be MaskedParticles"):
         W.stability(masked, mu2, attn, [0.0, 1.0])
     with pytest.raises(ValueError, match="strictly increasing"):
         W.stability(mu2, mf.Particles(rng.normal(size=(4, 2))), attn, [1.0, 0.0])
+
+
+@requires("ot")
+def test_stability_of_coinciding_measures_is_refused():
+    # Found by the initial distance (the exact W_p), hence POT.
+    mu = mf.Particles(np.random.default_rng(16).normal(size=(4, 2)))
+    attn = mf.SoftmaxAttention(jnp.eye(2), A=jnp.eye(2))
+    with pytest.raises(ValueError, match="coincide"):
+        W.stability(mu, mu, attn, [0.0, 1.0])

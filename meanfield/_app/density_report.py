@@ -20,6 +20,9 @@ from .report import Output, Report, Result
 
 ATTENTIONS = ("softmax", "unnormalized")
 INITS = ("uniform", "smooth")
+#: The unnormalised field is of size e^beta: beyond float64 past log(max), where
+#: `mf.density` refuses it (softmax divides it out and takes any beta).
+UNNORMALIZED_MAX_BETA = float(np.log(np.finfo(np.float64).max))
 
 
 def _nonnegative(value, key: str, cfg) -> float:
@@ -40,7 +43,8 @@ SCHEMA: dict = {
         number(positive=True),
         30.0,
         doc="Temperature β of the attention, whose matrices are V = I and "
-        "A = β I, > 0.",
+        f"A = β I, > 0; at most {UNNORMALIZED_MAX_BETA:.4f} with `attention` = "
+        '`"unnormalized"` (its field e^β is beyond float64 past it).',
     ),
     "attention": Key(
         choice(ATTENTIONS),
@@ -119,6 +123,12 @@ def resolve_config(config: dict | None) -> dict:
             names the key.
     """
     cfg = resolve_schema(SCHEMA, config)
+    if cfg["attention"] == "unnormalized" and cfg["beta"] > UNNORMALIZED_MAX_BETA:
+        raise ValueError(
+            f"`beta` must be in (0, {UNNORMALIZED_MAX_BETA:.4f}] with `attention` = "
+            '"unnormalized" (its field, of size e^beta, is beyond float64 past it; '
+            f'"softmax" takes any beta > 0); got {cfg["beta"]:g}.'
+        )
     if cfg["init"] == "uniform" and cfg["perturbation"] == 0:
         if cfg["noise"]["sigma"] == 0:
             raise ValueError(
@@ -194,6 +204,8 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         progress=output.progress,
     )
     density_s = output.wall_s
+    # A solve that stops early (status "failed", "max_steps") leaves NaN rows.
+    reached = np.isfinite(sol.ts)
     arrays = dict(theta=sol.theta, ts=sol.ts, rho=sol.rho)
     summary = {
         "N": cfg["N"],
@@ -207,7 +219,9 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
         "density_wall_s": density_s,
         "mass_error": float(np.nanmax(np.abs(sol.mass - 1))),
         "lowest": sol.lowest,
-        "clusters_at_t1": density.count_clusters(sol.rho[-1]),
+        "clusters_at_t1": (
+            density.count_clusters(sol.rho[-1]) if reached[-1] else None
+        ),
         "fastest_mode": density.fastest_mode(cfg["beta"], cfg["attention"], sigma),
     }
     particles = None
@@ -230,10 +244,10 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
             progress=output.progress,
         )
         angles = density.angles(particles.x)
-        reached = np.isfinite(particles.ts)
+        both = reached & np.isfinite(particles.ts)
         w1 = np.array(
             [
-                density.circle_w1(sol.rho[i], angles[i]) if reached[i] else np.nan
+                density.circle_w1(sol.rho[i], angles[i]) if both[i] else np.nan
                 for i in range(ts.size)
             ]
         )
@@ -286,8 +300,12 @@ def format_summary(summary: dict) -> str:
         f"{summary['density_wall_s']:.1f} s, {summary['num_steps']} steps, "
         f"status {summary['status']}",
         f"mass error {summary['mass_error']:.1e}, lowest cell {summary['lowest']:.1e}; "
-        f"{summary['clusters_at_t1']} clusters at t1 (fastest mode: "
-        f"{summary['fastest_mode']})",
+        + (
+            "t1 not reached"
+            if summary["clusters_at_t1"] is None
+            else f"{summary['clusters_at_t1']} clusters at t1"
+        )
+        + f" (fastest mode: {summary['fastest_mode']})",
     ]
     if "particles" in summary:
         seed = summary.get("particles_noise_seed")

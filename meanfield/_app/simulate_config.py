@@ -126,6 +126,24 @@ def noise_sigma(value, key, cfg):
     return value
 
 
+def check_sigma_in_dtype(cfg) -> None:
+    """`noise.sigma` of a resolved configuration is a finite number of its `dtype`.
+
+    The run holds sigma in its dtype: 1e300 is inf in float32, which the noise
+    refuses once the run has started (`dtype` may be resolved after `[noise]`).
+
+    Raises:
+        ValueError: sigma above the largest number of `dtype` (one line).
+    """
+    sigma, dtype = cfg["noise"]["sigma"], cfg["dtype"]
+    largest = float(jnp.finfo(dtype).max)
+    if sigma > largest:
+        raise ValueError(
+            f"`noise.sigma` must be <= {largest:.6g}, the largest {dtype} "
+            f'(`dtype` = "{dtype}"); got {sigma}.'
+        )
+
+
 def _solver(value, key, cfg):
     noisy = is_noisy(cfg)
     if value is None:
@@ -229,8 +247,8 @@ SCHEMA: dict = {
         "sigma": Key(
             noise_sigma,
             0.0,
-            doc='Noise level σ ≥ 0; positive only with `kind` = `"independent"` '
-            'or `"common"`.',
+            doc="Noise level σ ≥ 0, finite in `dtype` (at most 3.4e38 in "
+            'float32); positive only with `kind` = `"independent"` or `"common"`.',
         ),
         "seed": Key(
             integer(0),
@@ -395,6 +413,7 @@ def resolve_config(config: dict | None) -> dict:
             family does not accept; the message (one line) names the key.
     """
     cfg = _config.resolve(SCHEMA, config)
+    check_sigma_in_dtype(cfg)
     cfg["attention"] = _finish_attention(cfg["attention"])
     cfg["feedforward"] = finish_feedforward(cfg["feedforward"])
     try:  # what only the constructor checks (k even, blocking of the family)

