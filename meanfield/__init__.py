@@ -47,6 +47,7 @@ _ENGINE = {
     "layers": "._layers",
     "simulate": "._dynamics",
     "simulate_ensemble": "._ensemble",
+    "ChunkLog": "._ensemble",
     "simulate_merging": ".clustering._merging",
     "AbstractMeasure": "._measures",
     "AbstractParticles": "._measures",
@@ -117,7 +118,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from ._attention.softmax import SoftmaxAttention
     from ._block import Block
     from ._dynamics import SOLVERS, Solution, simulate
-    from ._ensemble import simulate_ensemble
+    from ._ensemble import ChunkLog, simulate_ensemble
     from ._feedforward import MLP, AbstractFeedForward, FeedForward
     from ._layers import layers
     from ._measures import (

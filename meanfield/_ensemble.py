@@ -88,8 +88,9 @@ class ChunkLog:
         width: systems per chunk of `simulate_ensemble`; None: its own choice
             (`chunk_layout`), recorded here before the first chunk. Given, it is
             kept, so that a resumed call cuts the systems as the interrupted one
-            did, also on a machine with another number of cores.
-            `blowup_times` cuts by its `chunk_size` alone and leaves it alone.
+            did, also on a machine with another number of cores
+            (`mf.gaussian.blowup_times` cuts by its `chunk_size` alone and does
+            not use it).
         on_chunk: None, or a function called as `on_chunk(index, output)` after
             every chunk solved, one call at a time, from the thread that solved
             the chunk (chunks run side by side on the CPU): a chunk that ends

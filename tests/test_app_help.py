@@ -9,7 +9,16 @@ import sys
 
 import pytest
 
-COMMANDS = ["demo", "gaussian", "lipschitz", "phase", "density", "simulate", "bench"]
+COMMANDS = [
+    "demo",
+    "gaussian",
+    "lipschitz",
+    "phase",
+    "density",
+    "simulate",
+    "bench",
+    "install-model",
+]
 
 
 def _imported(stderr: str) -> set[str]:

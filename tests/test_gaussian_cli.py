@@ -6,8 +6,10 @@ import math
 import numpy as np
 import pytest
 
+from meanfield._app.chunk_checkpoint import Checkpoint
 from meanfield._app.cli import main
 
+# 30 cells of the phase grid in 4 chunks (of 8, 8, 8 and 6).
 SMALL = """\
 t1 = 2.0
 
@@ -15,6 +17,7 @@ t1 = 2.0
 s_range = [-1.0, 1.0, 6]
 r_range = [-1.0, 1.0, 5]
 t_max = 3.0
+chunk_size = 8
 """
 
 
@@ -69,7 +72,12 @@ def test_progress_lines_go_to_stderr(tmp_path, capsys):
         main(["gaussian", "--config", _toml(tmp_path, SMALL), "--out", str(out)]) == 0
     )
     captured = capsys.readouterr()
-    lines = captured.err.splitlines()
+    # The bar over the grid's chunks, redrawn after a carriage return.
+    bar = "blowup_times softmax: "
+    assert f"{bar}100%" in captured.err and "4/4" in captured.err
+    lines = [
+        line for line in captured.err.splitlines() if line and not line.startswith(bar)
+    ]
     assert [line.split(":")[0] for line in lines[:3]] == ["softmax", "L2", "Sinkhorn"]
     assert lines[0].startswith("softmax: blowup, t* = ")
     assert lines[3:] == [
@@ -117,3 +125,58 @@ def test_a_config_file_not_in_utf8_exits_2_naming_the_file(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("meanfield gaussian: error:")
     assert f"config file {str(path)!r} is not UTF-8" in err and "0xe9" in err
+
+
+def test_resume_after_an_interruption_gives_the_uninterrupted_study(
+    tmp_path, monkeypatch, capsys
+):
+    config = _toml(tmp_path, SMALL)
+
+    def run(name, *extra):
+        out = tmp_path / name
+        return main(["gaussian", "--config", config, "--out", str(out), *extra]), out
+
+    code, full = run("full", "--no-progress")
+    assert code == 0
+    # Stopped as Ctrl-C would, once the three variants and one chunk are saved.
+    save = Checkpoint.save_chunk
+
+    def interrupted(self, index, output):
+        save(self, index, output)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Checkpoint, "save_chunk", interrupted)
+    code, part = run("part", "--no-progress")
+    assert code == 130
+    err = capsys.readouterr().err
+    assert f"4 of 7 parts are in the checkpoint {part}/checkpoint/" in err
+    monkeypatch.undo()
+    code, part = run("part", "--resume")  # with progress
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "resumed with 4 of 7 parts (variants and chunks)" in captured.out
+    assert "softmax: blowup, t* = 0.365153 (from the checkpoint)" in captured.err
+    assert "resumed: 1 of 4 chunks from checkpoint/" in captured.err
+    assert "blowup_times softmax:  25%" in captured.err  # the bar starts at 1/4
+    # Every array and every figure, bit for bit.
+    with np.load(full / "gaussian.npz") as a, np.load(part / "gaussian.npz") as b:
+        assert a.files == b.files
+        for name in a.files:
+            assert a[name].tobytes() == b[name].tobytes(), name
+    for name in ["ellipses.png", "eigenvalues.png", "phase.png"]:
+        assert (full / name).read_bytes() == (part / name).read_bytes(), name
+
+
+def test_resume_with_another_grid_exits_2_naming_the_key(tmp_path, capsys):
+    from meanfield._app.gaussian_report import resolve_config
+    from meanfield._app.report import Output
+
+    out = tmp_path / "out"
+    cfg = resolve_config({"phase": {"chunk_size": 8}})
+    Checkpoint.open(Output(out), "gaussian", cfg, 0, resume=False, chunks=1)
+    argv = ["gaussian", "--config", _toml(tmp_path, SMALL), "--out", str(out)]
+    assert main([*argv, "--resume"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "was written by another configuration" in err[0]
+    assert "`phase.r_range`: [-1.5, 1.5, 41] -> [-1.0, 1.0, 5]" in err[0]
+    assert "`t1`: 3.0 -> 2.0" in err[0]

@@ -1,14 +1,16 @@
 """`meanfield phase`: the clustering phase diagram from a configuration."""
 
 import json
+import tomllib
 
 import jax
 import numpy as np
 import pytest
 
 import meanfield as mf
+from meanfield._app.chunk_checkpoint import Checkpoint
 from meanfield._app.cli import main
-from meanfield._app.phase_report import resolve_config
+from meanfield._app.phase_report import checked_config, resolve_config
 
 SMALL = """\
 n = 6
@@ -153,3 +155,134 @@ def test_phase_memory_check_names_the_key_to_lower():
         check_memory(cfg, every + chunk - 1)  # a smaller chunk would fit
     with pytest.raises(ValueError, match=r"^`systems` = 10 needs at least"):
         check_memory(cfg, every)  # not even a chunk of one system fits
+
+
+# Resuming: 15 systems in chunks of 4, so 4 chunks (on any number of cores).
+CHUNKED = SMALL + "chunk_size = 4\n"
+
+
+def _resume_run(tmp_path, name, text, *extra):
+    argv = ["phase", "--config", _toml(tmp_path, text), "--out", str(tmp_path / name)]
+    return main([*argv, *extra]), tmp_path / name
+
+
+def _interrupt_after(monkeypatch, k):
+    """Let the run checkpoint k chunks, then stop it as Ctrl-C would."""
+    save, saved = Checkpoint.save_chunk, []
+
+    def interrupted(self, index, output):
+        if len(saved) >= k:  # a chunk ending after the interrupt is not saved
+            raise KeyboardInterrupt
+        saved.append(index)
+        save(self, index, output)
+
+    monkeypatch.setattr(Checkpoint, "save_chunk", interrupted)
+    return saved
+
+
+def test_resume_after_an_interruption_gives_the_uninterrupted_diagram(
+    tmp_path, monkeypatch, capsys
+):
+    # --resume where there is no checkpoint: a word, then a whole run.
+    code, full = _resume_run(tmp_path, "full", CHUNKED, "--no-progress", "--resume")
+    assert code == 0
+    assert capsys.readouterr().err.splitlines() == [
+        f"--resume: no checkpoint/ in {full}/: starting from the beginning"
+    ]
+    assert len(list((full / "checkpoint").glob("chunk-*.npz"))) == 4
+
+    saved = _interrupt_after(monkeypatch, 2)
+    code, part = _resume_run(tmp_path, "part", CHUNKED, "--no-progress")
+    assert code == 130
+    err = capsys.readouterr().err
+    assert f"2 of 4 chunks are in the checkpoint {part}/checkpoint/" in err
+    assert "rerun with --resume" in err
+    chunks = sorted(p.name for p in (part / "checkpoint").glob("chunk-*.npz"))
+    assert chunks == [f"chunk-{i:05d}.npz" for i in sorted(saved)]
+    assert not (part / "manifest.json").exists()
+    assert not (part / ".meanfield.lock").exists()
+
+    monkeypatch.undo()
+    code, part = _resume_run(tmp_path, "part", CHUNKED, "--resume")  # with progress
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "(resumed with 2 of 4 chunks from the checkpoint)" in captured.out
+    # The bar starts at the chunks read back.
+    assert "resumed: 2 of 4 chunks from checkpoint/" in captured.err
+    assert "simulate_ensemble:  50%" in captured.err and "2/4" in captured.err
+    # The same chunks, each the same computation: bit for bit equal arrays, and
+    # the same figure.
+    with np.load(full / "phase.npz") as a, np.load(part / "phase.npz") as b:
+        assert a.files == b.files
+        for name in a.files:
+            assert a[name].tobytes() == b[name].tobytes(), name
+    assert (full / "phase.png").read_bytes() == (part / "phase.png").read_bytes()
+    summary = json.loads((part / "manifest.json").read_text())["summary"]
+    assert summary["resumed_chunks"] == 2 and summary["chunks"] == 4
+
+
+def _checkpoint_of(tmp_path, text, *, seed=0, command="phase"):
+    """Write the checkpoint description of a run of `text`, without its solves."""
+    from meanfield._app.report import Output
+
+    out = tmp_path / "run"
+    cfg = checked_config(resolve_config(tomllib.loads(text)))
+    Checkpoint.open(Output(out), command, cfg, seed, resume=False, chunks=4, width=4)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ("systems = 5", "systems = 6"),
+            "was written by another configuration (`systems`: 5 -> 6)",
+        ),
+        (
+            ("chunk_size = 4", 'chunk_size = 4\n[noise]\nkind = "common"\nsigma = 0.1'),
+            "(`atol`: 1e-06 -> 0.001; `dtype`: 'float32' -> 'float64'; "
+            "`noise.kind`: 'none' -> 'common'; `noise.sigma`: 0.0 -> 0.1; `rtol`:",
+        ),
+        (("", ""), "was written with --seed 1, not 0"),
+    ],
+)
+def test_resume_of_another_run_exits_2_naming_the_difference(
+    tmp_path, capsys, change, message
+):
+    out = _checkpoint_of(tmp_path, CHUNKED, seed=1 if change == ("", "") else 0)
+    text = CHUNKED.replace(*change)
+    code, _ = _resume_run(tmp_path, "run", text, "--resume", "--seed", "0")
+    assert code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("meanfield phase: error: checkpoint")
+    assert message in err[0]
+    assert sorted(p.name for p in (out / "checkpoint").iterdir()) == ["run.json"]
+
+
+def test_resume_refuses_another_command_s_checkpoint_and_ignores_the_figure_key(
+    tmp_path, capsys
+):
+    out = _checkpoint_of(tmp_path, CHUNKED, command="gaussian")
+    assert _resume_run(tmp_path, "run", CHUNKED, "--resume")[0] == 2
+    err = capsys.readouterr().err
+    assert "was written by `meanfield gaussian`, not `meanfield phase`" in err
+    (out / "checkpoint" / "run.json").unlink()
+    out = _checkpoint_of(tmp_path, CHUNKED)
+    # log_time draws the same diagram on another axis: the chunks still serve.
+    cfg = resolve_config({**tomllib.loads(CHUNKED), "log_time": True})
+    assert Checkpoint.read(out, "phase", checked_config(cfg), 0) is not None
+    (out / "checkpoint" / "run.json").write_text("{ truncated")
+    assert _resume_run(tmp_path, "run", CHUNKED, "--resume")[0] == 2
+    assert "cannot read checkpoint" in capsys.readouterr().err
+
+
+def test_interrupt_before_the_first_chunk_says_there_is_no_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
+    _interrupt_after(monkeypatch, 0)
+    code, out = _resume_run(tmp_path, "first", CHUNKED, "--no-progress")
+    assert code == 130
+    err = capsys.readouterr().err
+    assert "meanfield phase: interrupted; no part had finished" in err
+    assert "--resume" not in err
+    assert not list((out / "checkpoint").glob("chunk-*"))

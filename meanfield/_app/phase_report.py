@@ -7,11 +7,15 @@ diagram is the fraction of token pairs that have merged, over (beta, t)
 (`mf.clustering.phase_diagram`). The configuration chooses the grid, the
 attention (softmax or unnormalised), where the LayerNorm sits, a causal mask and
 the number of heads (Karagodin, Polyanskiy & Rigollet, 2024), and a Brownian
-forcing of the tokens (`[noise]`).
+forcing of the tokens (`[noise]`). The systems are solved chunk by chunk, each
+chunk checkpointed as it ends (`chunk_checkpoint`), so an interrupted run
+continues with `--resume`.
 
-Run it with `meanfield phase [--config FILE.toml]`.
+Run it with `meanfield phase [--config FILE.toml] [--resume]`.
 """
 
+import argparse
+import math
 import os
 
 import jax
@@ -21,6 +25,7 @@ import numpy as np
 from .. import clustering, plotting
 from .._ensemble import chunk_layout, concurrent_chunks
 from .._noisy_solve import SDE_TOLERANCE
+from .chunk_checkpoint import CHECKPOINT, Checkpoint
 from .config import (
     Key,
     boolean,
@@ -35,6 +40,7 @@ from .report import Output, Report, Result
 from .simulate_config import (
     NORMALIZATIONS,
     build_noise,
+    check_sigma_in_dtype,
     is_noisy,
     noise_kind,
     noise_sigma,
@@ -48,6 +54,8 @@ MAX_SYSTEMS = 10**6
 GIB = 2**30
 #: Default tolerance of the adaptive solver without noise (`phase_diagram`'s).
 ODE_TOLERANCE = 1e-6
+#: Keys that change only the figure: a run may resume with other values.
+FIGURE_ONLY = ("log_time",)
 
 
 def _alignment_eps(value, key: str, cfg) -> float:
@@ -137,8 +145,8 @@ SCHEMA: dict = {
         "sigma": Key(
             noise_sigma,
             0.0,
-            doc='Noise level σ ≥ 0; positive only with `kind` = `"independent"` '
-            'or `"common"`.',
+            doc="Noise level σ ≥ 0, finite in `dtype` (at most 3.4e38 in "
+            'float32); positive only with `kind` = `"independent"` or `"common"`.',
         ),
         "seed": Key(
             integer(0),
@@ -163,7 +171,9 @@ SCHEMA: dict = {
         integer(1),
         16384,
         doc="Systems solved per compiled call, ≥ 1: it bounds the memory, "
-        "O(chunk_size · saves · n²).",
+        "O(chunk_size · saves · n²), and is the unit of the checkpoint (on the "
+        "CPU, fewer chunks than cores are cut further while each keeps 2048 "
+        "systems).",
     ),
     "dtype": Key(
         or_else(
@@ -201,6 +211,7 @@ def resolve_config(config: dict | None) -> dict:
             fit in memory (`check_memory`); the message (one line) names the key.
     """
     cfg = resolve(SCHEMA, config)
+    check_sigma_in_dtype(cfg)
     if not cfg["betas"][0] > 0:
         raise ValueError(f"`betas` must start above 0; got {cfg['betas']}.")
     check_memory(cfg, _memory_limit())
@@ -271,27 +282,68 @@ def run_phase(
     *,
     seed: int | None = None,
     progress: bool = False,
+    resume: bool = False,
 ) -> dict:
     """The phase diagram of a configuration, with its figure and arrays.
 
     Writes to `out_dir` (created if needed): `phase.png` (the heat map, with the
     equiangular curve for the softmax sphere model with one head and no mask),
     `phase.npz` (`betas`, `ts`, `density` (K, T), `one_cluster` (K, T),
-    `completed` (K,), and `theory` (K,) where drawn) and `manifest.json`.
+    `completed` (K,), and `theory` (K,) where drawn), `manifest.json` and
+    `checkpoint/` (`run.json` and one `chunk-<i>.npz` per chunk of systems, each
+    written as the chunk ends).
 
     Args:
         config: configuration (see `resolve_config`); None for the defaults.
         out_dir: output directory.
         seed: PRNG seed of the initial tokens (None: 0).
         progress: a progress bar over the chunks and progress lines on stderr.
+        resume: continue from `out_dir/checkpoint/` when it holds one: only the
+            chunks it lacks are solved, and the arrays are bit for bit those of
+            an uninterrupted run.
 
     Returns:
         The summary (see `format_summary`).
 
     Raises:
-        ValueError: invalid configuration (the message names the key).
+        ValueError: invalid configuration (the message names the key), or
+            `resume` with a checkpoint of another configuration or seed.
     """
-    return REPORT.run(resolve_config(config), out_dir, seed=seed, progress=progress)
+    return REPORT.run(
+        resolve_config(config), out_dir, seed=seed, progress=progress, resume=resume
+    )
+
+
+def checked_config(cfg: dict) -> dict:
+    """The keys a resumed run must share with its checkpoint: all but the figure's."""
+    return {key: value for key, value in cfg.items() if key not in FIGURE_ONLY}
+
+
+def _check(cfg: dict, args: argparse.Namespace) -> None:
+    # A checkpoint of another run in --out is a configuration error (exit 2).
+    if args.resume:
+        Checkpoint.read(args.out, "phase", checked_config(cfg), args.seed)
+
+
+def _checkpoint(cfg: dict, output: Output, seed: int, resume: bool):
+    """The run's checkpoint and its `ChunkLog` (the layout of the run resumed)."""
+    size = cfg["betas"][2] * cfg["systems"]
+    count, width, _ = chunk_layout(size, cfg["chunk_size"], concurrent_chunks())
+    ckpt = Checkpoint.open(
+        output,
+        "phase",
+        checked_config(cfg),
+        seed,
+        resume=resume,
+        chunks=count,
+        width=width,
+    )
+    width = ckpt.width
+    sizes = [min(width, size - start) for start in range(0, size, width)]
+    log = ckpt.chunk_log(sizes)
+    if ckpt.resumed:
+        output.log(f"resumed: {ckpt.resumed} of {len(sizes)} chunks from {CHECKPOINT}/")
+    return ckpt, log
 
 
 def has_theory(cfg: dict) -> bool:
@@ -308,7 +360,11 @@ def has_theory(cfg: dict) -> bool:
     )
 
 
-def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
+def _compute(
+    cfg: dict, output: Output, *, seed: int | None = None, resume: bool = False
+) -> Result:
+    seed = 0 if seed is None else seed
+    ckpt, log = _checkpoint(cfg, output, seed, resume)
     lo, hi, count = cfg["betas"]
     betas = np.linspace(lo, hi, count)
     output.log(
@@ -329,7 +385,7 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
             systems=cfg["systems"],
             t1=cfg["t1"],
             saveat=np.linspace(0.0, cfg["t1"], cfg["saves"]),
-            key=jr.key(0 if seed is None else seed),
+            key=jr.key(seed),
             attention=cfg["attention"],
             normalization=normalization_of(cfg),
             masked=cfg["masked"],
@@ -342,6 +398,7 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
             noise=build_noise(cfg),
             noise_key=jr.key(cfg["noise"]["seed"]) if noisy else None,
             dtype=cfg["dtype"],
+            chunks=log,
         )
     arrays = dict(
         betas=diagram.betas,
@@ -366,6 +423,8 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
             float(diagram.one_cluster[-1, -1]),
         ],
         "wall_s": output.wall_s,
+        "chunks": math.ceil(cfg["betas"][2] * cfg["systems"] / ckpt.width),
+        "resumed_chunks": ckpt.resumed if ckpt.continued else None,
     }
     if noisy:
         summary["noise"] = dict(cfg["noise"])
@@ -415,7 +474,13 @@ def format_summary(summary: dict) -> str:
     lines = [
         f"phase diagram: {count} betas in [{lo:g}, {hi:g}] x {summary['systems']} "
         f"systems of {summary['n']} tokens (d = {summary['d']}) to t = "
-        f"{summary['t1']:g} in {summary['wall_s']:.1f} s",
+        f"{summary['t1']:g} in {summary['wall_s']:.1f} s"
+        + (
+            f" (resumed with {summary['resumed_chunks']} of {summary['chunks']} "
+            "chunks from the checkpoint)"
+            if summary.get("resumed_chunks") is not None
+            else ""
+        ),
         f"aligned pairs at t1: {d_lo:.3f} (beta = {lo:g}) ... {d_hi:.3f} "
         f"(beta = {hi:g}); one cluster: {o_lo:.3f} ... {o_hi:.3f}",
     ]
@@ -442,4 +507,5 @@ REPORT = Report(
     _figures,
     format_summary,
     arrays="phase.npz",
+    check=_check,
 )

@@ -25,7 +25,7 @@ from .._attention.multihead import MultiHeadAttention
 from .._attention.softmax import SoftmaxAttention
 from .._checks import reject_result
 from .._dynamics import Solution
-from .._ensemble import simulate_ensemble
+from .._ensemble import ChunkLog, simulate_ensemble
 from .._measures import MaskedParticles, Particles
 from .._noise import AbstractNoise
 from .._noisy_solve import SDE_TOLERANCE
@@ -207,6 +207,7 @@ def phase_diagram(
     noise: AbstractNoise | None = None,
     noise_key: Array | None = None,
     dtype: str | None = None,
+    chunks: ChunkLog | None = None,
     **options,
 ) -> PhaseDiagram:
     """Clustering phase diagram: pair alignment over beta and t.
@@ -268,6 +269,13 @@ def phase_diagram(
             without noise (see above), the default float type with noise. The
             initial tokens are drawn in the default float type and then
             rounded, so both see the same tokens.
+        chunks: None, or an `mf.ChunkLog` to checkpoint and resume the diagram
+            by its chunks of systems (`mf.simulate_ensemble`'s `chunks`): a
+            chunk's output is a tuple (pair alignment (w, T), success (w,),
+            attempted steps (w,)) of its w systems (system s of the k-th beta
+            is member k * systems + s). With
+            the log of an interrupted call of the same arguments, the diagram
+            is bit for bit the uninterrupted one.
         **options: forwarded to `mf.simulate` (solver, dt0, max_steps, ...).
 
     Returns:
@@ -339,6 +347,7 @@ def phase_diagram(
         atol=float(atol),
         noise=noise,
         key=noise_key,
+        chunks=chunks,
         **options,
     )
     aligned = np.asarray(aligned).reshape(betas.size, systems, -1)

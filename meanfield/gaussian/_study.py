@@ -13,6 +13,7 @@ from .._attention.base import AbstractAttention
 from .._attention.softmax import SoftmaxAttention
 from .._block import Block
 from .._checks import check_finite_times, check_tolerances
+from .._ensemble import ChunkLog
 from .._feedforward import FeedForward
 from .._measures import Gaussian
 from ._blowup_study import BlowupStudy
@@ -36,6 +37,7 @@ def blowup_times(
     chunk_size: int = 65_536,
     progress: bool = False,
     ffn: FeedForward | None = None,
+    chunks: ChunkLog | None = None,
 ) -> BlowupStudy:
     """Classify the covariance ODE of a batch of parameter sets (blow-up studies).
 
@@ -109,6 +111,13 @@ def blowup_times(
         ffn: an affine feed-forward layer `mf.FeedForward(W_f, b_f)` added to
             every variant (one parameter set, or a batch with the runs' leading
             axis; W_f may be a function of t), or None.
+        chunks: None, or an `mf.ChunkLog` to checkpoint and resume the study by
+            its chunks: they are counted from 0 over the variants in order (the
+            chunks of the first variant, then those of the second, ...), and a
+            chunk's output is the tuple (times, rank, rate, status, steps) of
+            its runs. The chunks are cut by `chunk_size` alone (the log's
+            `width` is not used). With the log of an interrupted call of the
+            same arguments, the study is bit for bit the uninterrupted one.
 
     Returns:
         A `BlowupStudy` (NumPy arrays; times and rates in float64).
@@ -167,6 +176,7 @@ def blowup_times(
             max_steps=int(max_steps),
             chunk_size=int(chunk_size),
             progress=progress,
+            chunks=chunks,
         )
     return BlowupStudy(
         t_max=float(t_max),
@@ -179,7 +189,9 @@ def blowup_times(
     )
 
 
-def _solve_variants(gauss, attns, settings, *, slots, max_steps, chunk_size, progress):
+def _solve_variants(
+    gauss, attns, settings, *, slots, max_steps, chunk_size, progress, chunks
+):
     """The solves of `blowup_times` (arguments checked there), under x64.
 
     Returns:
@@ -191,6 +203,10 @@ def _solve_variants(gauss, attns, settings, *, slots, max_steps, chunk_size, pro
     # Traced, so that one compilation serves every horizon, threshold and tolerance.
     settings = {key: jnp.asarray(value, dtype) for key, value in settings.items()}
     times, fraction, rank, rate, status, steps = {}, {}, {}, {}, {}, {}
+    from tqdm.auto import tqdm
+
+    done = {} if chunks is None else chunks.done
+    offset = 0  # index in `chunks` of the variant's first chunk
     for name, attn in attns.items():
         attn, first = _as_batch_blocks(attn, gauss, name)
         frame_only = _needs_frame(first, t0, cov0.shape[0])
@@ -210,23 +226,36 @@ def _solve_variants(gauss, attns, settings, *, slots, max_steps, chunk_size, pro
         width = -(-size // count)
         parts = []
         starts = range(0, size, width)
-        if progress:
-            from tqdm.auto import tqdm
-
-            starts = tqdm(starts, desc=f"blowup_times {name}", unit="chunk")
-        for start in starts:
-            idx = np.minimum(np.arange(start, start + width), size - 1)
-            chunk = jax.tree.map(lambda a, idx=idx: a[idx], arrays)
-            out = _classify(
-                chunk,
-                static,
-                cov0,
-                **settings,
-                slots=queue_slots(width) if slots is None else slots,
-                max_steps=max_steps,
-                frame_only=frame_only,
-            )
-            parts.append([np.asarray(o)[: min(width, size - start)] for o in out])
+        indices = range(offset, offset + len(starts))
+        offset += len(starts)
+        bar = tqdm(
+            total=len(starts),
+            initial=sum(index in done for index in indices),
+            desc=f"blowup_times {name}",
+            unit="chunk",
+            disable=not progress,
+        )
+        with bar:
+            for index, start in zip(indices, starts, strict=True):
+                if index in done:  # solved before an interruption
+                    parts.append(list(done[index]))
+                    continue
+                idx = np.minimum(np.arange(start, start + width), size - 1)
+                chunk = jax.tree.map(lambda a, idx=idx: a[idx], arrays)
+                out = _classify(
+                    chunk,
+                    static,
+                    cov0,
+                    **settings,
+                    slots=queue_slots(width) if slots is None else slots,
+                    max_steps=max_steps,
+                    frame_only=frame_only,
+                )
+                keep = min(width, size - start)
+                parts.append([np.asarray(o)[:keep] for o in out])
+                if chunks is not None:
+                    chunks.record(index, tuple(parts[-1]))
+                bar.update()
         t, r, g, s, n = (np.concatenate(p) for p in zip(*parts, strict=True))
         times[name], rank[name], rate[name], status[name], steps[name] = t, r, g, s, n
         fraction[name] = float(np.mean(s == _status.BLOWUP))
