@@ -64,6 +64,15 @@ call = lambda: mf.layers(mu, mf.SoftmaxAttention(eye, A=eye), 20,
 """,
 }
 
+# Import meanfield from SOURCE: ahead on the path, and without the finder of an
+# editable install (which would map the name to the installed checkout).
+FROM_SOURCE = """
+import sys
+sys.path.insert(0, %r)
+sys.meta_path = [f for f in sys.meta_path if "__editable__" not in
+    getattr(f, "__module__", "") + getattr(f, "__name__", "")]
+"""
+
 CHILD = """
 import json, time, jax
 events, programs = {}, []
@@ -86,29 +95,32 @@ for _ in range(3):
     start = time.perf_counter()
     jax.block_until_ready(call())
     again.append(time.perf_counter() - start)
+short = lambda k: sum(v for n, v in events.items() if n.endswith(k))
+phases = {k: short(k) for k in ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration",
+    "backend_compile_duration", "cache_retrieval_time_sec")}
 swept, before = [], len(programs)
 for other in globals().get("sweep", []):
     start = time.perf_counter()
     jax.block_until_ready(other())
     swept.append(time.perf_counter() - start)
-short = lambda k: sum(v for n, v in events.items() if n.endswith(k))
 print(json.dumps(dict(first_s=first, repeat_s=again, platform=jax.default_backend(),
     sweep_s=max(swept, default=0.0), sweep_programs=len(programs) - before,
-    import_s=imported, programs=programs,
-    trace_s=short("jaxpr_trace_duration"),
-    lower_s=short("jaxpr_to_mlir_module_duration"),
-    compile_s=short("backend_compile_duration"),
-    cache_retrieval_s=short("cache_retrieval_time_sec"))))
+    import_s=imported, programs=programs[:before],
+    trace_s=phases["jaxpr_trace_duration"],
+    lower_s=phases["jaxpr_to_mlir_module_duration"],
+    compile_s=phases["backend_compile_duration"],
+    cache_retrieval_s=phases["cache_retrieval_time_sec"])))
 """
 
 
 def _run(case: str, cache: str | None) -> dict:
     env = dict(os.environ)
     env["MEANFIELD_COMPILATION_CACHE"] = cache if cache is not None else "0"
+    code = CHILD % CASES[case]
     if SOURCE is not None:  # another checkout's meanfield (a before/after pair)
-        env["PYTHONPATH"] = os.pathsep.join([SOURCE, env.get("PYTHONPATH", "")])
+        code = FROM_SOURCE % SOURCE + code
     out = subprocess.run(
-        [sys.executable, "-c", CHILD % CASES[case]],
+        [sys.executable, "-c", code],
         env=env,
         capture_output=True,
         text=True,
