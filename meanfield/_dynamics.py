@@ -5,6 +5,7 @@ Euler scheme, the discrete residual Transformer, is `_layers`.
 """
 
 import math
+from typing import NamedTuple
 
 import diffrax as dfx
 import equinox as eqx
@@ -122,6 +123,38 @@ class Solution(eqx.Module):
         if not -T <= int(i) < T:
             raise IndexError(f"`i` must be in [-{T}, {T}) (T save times); got {i}.")
         return eqx.tree_at(lambda m: m.x, self.initial, self.x[int(i)])
+
+
+class SolveInputs(NamedTuple):
+    """The traced inputs of a solve that every system of an ensemble shares.
+
+    Scalars in the tokens' dtype unless said; None where the solve has none.
+    From `resolve_solve`; `_solve` takes them after a system's own measure,
+    attention, noise and key.
+
+    Attributes:
+        t0: start time.
+        t1: end time.
+        length: the solver clock's length L (`_clock`).
+        fractions: save fractions (T,) of [t0, t1], or None (t0 and the end).
+        ts: the save times (T,), or None.
+        ds0: a fixed step on the clock, or None (adaptive).
+        grid: the step ends of a fixed-step noisy solve, or None.
+        rtol: relative tolerance.
+        atol: absolute tolerance.
+        log_radius: log of the blow-up radius.
+    """
+
+    t0: Array
+    t1: Array
+    length: Array
+    fractions: Array | None
+    ts: Array | None
+    ds0: Array | None
+    grid: Array | None
+    rtol: Array
+    atol: Array
+    log_radius: Array
 
 
 def _velocity_field(attn, measure, normalization, alpha, t0, rate):
@@ -331,9 +364,10 @@ def resolve_solve(
 ):
     """`simulate`'s checks and the arguments of its compiled solve.
 
-    Returns (measure, args, kwargs) with `_solve(*args, **kwargs)` the solve;
-    raises what `simulate` raises. `mf.simulate_ensemble` resolves its options
-    here once for all its members.
+    Returns (measure, args, kwargs) with `_solve(*args, **kwargs)` the solve:
+    args = (measure, attn, noise, key, `SolveInputs`). Raises what `simulate`
+    raises. `mf.simulate_ensemble` resolves its options here once for all its
+    members.
     """
     measure = _check_common(measure, attn, normalization)
     check_noise(noise, key, normalization)
@@ -376,22 +410,21 @@ def resolve_solve(
         depth = _noisy_solve.brownian_depth(None if ds0 is None else length / ds0)
         if ds0 is not None and checked:  # save times are step ends
             grid = np.asarray(_noisy_solve.fixed_grid(fractions, length, ds0), dtype)
-    args = (
-        measure,
-        attn,
-        noise,
-        key,
-        np.asarray(t0, dtype),
-        np.asarray(t1, dtype),
-        np.asarray(length, dtype),
-        fractions if not checked or fractions is None else fractions.astype(dtype),
-        ts,
-        None if ds0 is None else np.asarray(ds0, dtype),
-        grid,
-        np.asarray(rtol, dtype),
-        np.asarray(atol, dtype),
-        np.asarray(math.log(blowup_radius), dtype),
+    if checked and fractions is not None:  # host float64 (the grid above): cast
+        fractions = fractions.astype(dtype)
+    inputs = SolveInputs(
+        t0=np.asarray(t0, dtype),
+        t1=np.asarray(t1, dtype),
+        length=np.asarray(length, dtype),
+        fractions=fractions,
+        ts=ts,
+        ds0=None if ds0 is None else np.asarray(ds0, dtype),
+        grid=grid,
+        rtol=np.asarray(rtol, dtype),
+        atol=np.asarray(atol, dtype),
+        log_radius=np.asarray(math.log(blowup_radius), dtype),
     )
+    args = (measure, attn, noise, key, inputs)
     kwargs = dict(
         checked=checked,
         brownian_depth=depth,
@@ -411,16 +444,7 @@ def _solve(
     attn,
     noise,
     key,
-    t0,
-    t1,
-    length,
-    fractions,
-    ts,
-    ds0,
-    grid,
-    rtol,
-    atol,
-    log_radius,
+    inputs: SolveInputs,
     *,
     checked,
     brownian_depth,
@@ -433,14 +457,13 @@ def _solve(
 ) -> Solution:
     """The diffrax solve of `simulate` on the solver clock (validated there).
 
-    Jitted once per (measure/attention structure, shapes, options): t0, t1, the
-    clock's length L, the save times and fractions (T,), a fixed step ds0, the
-    step grid of a fixed-step noisy solve, the tolerances and log(blowup_radius)
-    are traced arrays, and so are the noise and its key. With `checked` (save
-    times validated on the host) diffrax's own checks compile without their
-    callback (`_clock.checked_on_host`), so the program holds none and JAX's
-    persistent cache can keep it.
+    Jitted once per (measure/attention structure, shapes, options): every
+    field of `inputs` is a traced array (or None), and so are the noise and its
+    key. With `checked` (save times validated on the host) diffrax's own checks
+    compile without their callback (`_clock.checked_on_host`), so the program
+    holds none and JAX's persistent cache can keep it.
     """
+    t0, t1, length, fractions, ts, ds0, grid, rtol, atol, log_radius = inputs
     if normalization in ON_SPHERE:
         measure = measure_on_sphere(measure)
     x0 = measure.x

@@ -272,7 +272,7 @@ def simulate_ensemble(
         options.get("blowup_radius", defaults["blowup_radius"].default),
         measures.x.dtype,
     )
-    resolved = (args[4:], radius, kwargs)
+    resolved = (args[4], radius, kwargs)
     # Small systems: a work queue of slots (`_ensemble_queue`).
     if scheduling not in SCHEDULINGS:
         raise ValueError(
@@ -444,14 +444,14 @@ def _solve_chunk(measures, attn, noise, keys, batched, resolved, reduce):
     """One compiled vmap of `simulate`'s solve over a chunk of systems, then `reduce`.
 
     `batched` says whether the attention and the noise carry the batch axis;
-    `keys` (one per system) is None without noise. `resolved` is (the arguments
-    of `_dynamics._solve` after the system's own four, shared by every system;
-    the blow-up radius; its keywords), from `resolve_solve`.
+    `keys` (one per system) is None without noise. `resolved` is (the
+    `SolveInputs` every system shares, the blow-up radius, `_dynamics._solve`'s
+    keywords), from `resolve_solve`.
     """
-    shared, radius, options = resolved
+    inputs, radius, options = resolved
 
     def solve(m, a, nz, k):
-        sol = _solve(m, a, nz, k, *shared, **options)
+        sol = _solve(m, a, nz, k, inputs, **options)
         # simulate's per-member checks of traced tokens and sigma.
         return mark_invalid_start(sol, m.x, options["normalization"], radius, nz)
 

@@ -462,8 +462,8 @@ def solve(systems, batched, resolved, redo):
         systems: (measures, attn, noise, keys) as `queue_solve`'s; the
             measures as `simulate_ensemble`'s.
         batched: whether the attention and the noise carry the batch axis.
-        resolved: (the arguments of `_dynamics._solve` after a system's own
-            four, the blow-up radius, its keywords), from
+        resolved: (the `_dynamics.SolveInputs` every system shares, the
+            blow-up radius, `_dynamics._solve`'s keywords), from
             `_dynamics.resolve_solve`.
         redo: indices (k,) -> the vmapped `simulate` of those systems (a
             `Solution` with batch axis k).
@@ -473,24 +473,22 @@ def solve(systems, batched, resolved, redo):
     """
     measures, attn, noise, keys = systems
     size, n = measures.x.shape[:2]
-    shared, _, kwargs = resolved
-    t0, t1_, length, fractions, ts = shared[:5]
-    rtol, atol, log_radius = shared[7:10]
-    dtype = measures.x.dtype
-    step_ts = None
-    if noise is not None and fractions is not None:
-        step_ts = saves_on_clock(fractions, length, dtype)  # as `sde_controller`
+    inputs, _, kwargs = resolved
+    fractions = inputs.fractions
+    save_s = saves_on_clock(fractions, inputs.length, measures.x.dtype)
+    # With a noise the steps end at the user's save times (`sde_controller`).
+    step_ts = save_s if noise is not None and fractions is not None else None
     out = queue_solve(
         systems,
         batched,
-        t0,
-        t1_,
-        length,
-        saves_on_clock(fractions, length, dtype),
+        inputs.t0,
+        inputs.t1,
+        inputs.length,
+        save_s,
         step_ts,
-        rtol,
-        atol,
-        log_radius,
+        inputs.rtol,
+        inputs.atol,
+        inputs.log_radius,
         solver=kwargs["solver"],
         normalization=kwargs["normalization"],
         alpha=kwargs["alpha"],
@@ -500,9 +498,9 @@ def solve(systems, batched, resolved, redo):
     sol = assemble(
         out,
         measures,
-        t0,
-        t1_,
-        ts,
+        inputs.t0,
+        inputs.t1,
+        inputs.ts,
         normalization=kwargs["normalization"],
         saved_ends=fractions is None,
     )

@@ -37,6 +37,7 @@ import numpy as np
 
 from . import _normalization
 from ._linalg import row_norms
+from ._noise import IndependentNoise
 from ._normalization import ON_SPHERE
 
 #: Solvers of a noisy `simulate` by name. Heun, midpoint, Ralston and SPaRK have an
@@ -112,8 +113,6 @@ def check_solver_noise(solver, noise, normalization) -> None:
         ValueError: `ItoMilstein`, or `StratonovichMilstein` with a noise that is
             not `IndependentNoise` in R^d.
     """
-    from ._noise import IndependentNoise
-
     if isinstance(solver, dfx.ItoMilstein):
         raise ValueError(
             "`solver` diffrax.ItoMilstein() cannot take meanfield's diffusion (a "
