@@ -1,4 +1,4 @@
-"""Atomic file writes: arrays, figures, text and bytes.
+"""Atomic file writes: arrays, figures, text and bytes (and reading arrays back).
 
 Every output is written to a temporary file in the destination directory, flushed
 to disk and moved into place with `os.replace`, so a reader (or a crashed run)
@@ -10,6 +10,7 @@ manifests live in `meanfield._app.manifest`).
 import contextlib
 import os
 import tempfile
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -93,6 +94,22 @@ def save_npz_atomic(path: str | os.PathLike, **arrays: Any) -> None:
     # to bare file names), so the archive lands exactly at `path`.
     with _atomic_file(path, "wb") as f:
         np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
+
+
+#: What `load_npz` (or reading a named array of its result) raises on a file
+#: that is missing, truncated, corrupt or not the archive expected.
+UNREADABLE_NPZ = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every array of the `.npz` archive at `path` (as `save_npz_atomic` wrote it).
+
+    Raises:
+        One of `UNREADABLE_NPZ`: the file is missing or unreadable.
+    """
+    # Our own handle: np.load leaks its file when the archive is corrupt.
+    with open(path, "rb") as f, np.load(f) as data:
+        return {name: data[name] for name in data.files}
 
 
 def savefig_atomic(fig, path: str | os.PathLike, **kw: Any) -> None:

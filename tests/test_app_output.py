@@ -403,7 +403,6 @@ def test_manifests_record_no_machine_path(tmp_path, monkeypatch):
 
 
 def test_committed_benchmark_results_name_no_absolute_path():
-    import json
     from pathlib import Path
 
     def strings(value):
@@ -421,6 +420,7 @@ def test_committed_benchmark_results_name_no_absolute_path():
         path.name: s
         for path in results.glob("*.json")
         for s in strings(json.loads(path.read_text()))
-        if s.startswith(("/", "C:\\")) and "/" in s[1:]
+        # An absolute POSIX path (of two parts or more), or a Windows drive path.
+        if (s.startswith("/") and "/" in s[1:]) or s[1:3] == ":\\"
     }
     assert found == {}

@@ -20,7 +20,7 @@ uninterrupted run. A fresh run removes the old parts before its first one.
 
 import json
 import os
-import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +30,15 @@ from .. import _io
 from .._ensemble import ChunkLog
 from .config import short
 from .lock import UnusableDirectory
-from .manifest import _jsonable, _version, write_manifest, written_by_meanfield
+from .manifest import jsonable, versions, write_manifest, written_by_meanfield
 
 #: The checkpoint directory's name in the output directory.
 CHECKPOINT = "checkpoint"
 #: The checkpoint's description, written before any part.
 HEADER = "run.json"
-#: Versions whose change may change the last bits of a resumed part.
-_VERSIONED = ("meanfield", "jax", "jaxlib")
+#: Versions whose change may change the last bits of a resumed part (the
+#: manifest's, less matplotlib: the figures are drawn again, not resumed).
+_VERSIONED = ("meanfield", "jax", "jaxlib", "diffrax", "equinox", "numpy")
 _MISSING = object()
 
 
@@ -70,10 +71,6 @@ def _well_formed(header: Any) -> bool:
     )
 
 
-def _versions() -> dict[str, str | None]:
-    return {name: _version(name) for name in _VERSIONED}
-
-
 def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
     """{dotted key: value} of a configuration's leaves (`noise.sigma`)."""
     out = {}
@@ -87,7 +84,7 @@ def _flat(config: dict, prefix: str = "") -> dict[str, Any]:
 
 def _plain(value: Any) -> Any:
     """The value as JSON reads it back: tuples as lists, inf as "inf"."""
-    return json.loads(json.dumps(_jsonable(value)))
+    return json.loads(json.dumps(jsonable(value)))
 
 
 def differences(saved: dict, config: dict) -> list[str]:
@@ -251,13 +248,13 @@ class Checkpoint:
             "width": width,
             "chunks": chunks,
             "parts": list(parts),
-            "versions": _versions(),
+            "versions": versions(_VERSIONED),
         }
         write_manifest(directory / HEADER, header)
         return cls(directory, header)
 
     def _note_versions(self, output) -> None:
-        now = _versions()
+        now = versions(_VERSIONED)
         then = self.header.get("versions", {})
         changed = [
             f"{k} {then.get(k)} -> {now[k]}" for k in now if then.get(k) != now[k]
@@ -285,13 +282,17 @@ class Checkpoint:
         arrays = {f"a{i}": np.asarray(a) for i, a in enumerate(output)}
         _io.save_npz_atomic(self.dir / _chunk_name(index), **arrays)
 
-    def chunk_log(self, sizes: list[int]) -> ChunkLog:
+    def chunk_log(
+        self, sizes: list[int], log: Callable[[str], None] | None = None
+    ) -> ChunkLog:
         """A `ChunkLog` of the chunks present, saving every new one here.
 
         Args:
             sizes: the number of systems of each chunk of the run; a file whose
                 arrays have another leading size (not this layout's) is solved
                 again.
+            log: None, or where to say how many chunks were read back (a
+                progress line, `Output.log`), when any was.
         """
         done = {}
         for index, size in enumerate(sizes):
@@ -302,16 +303,16 @@ class Checkpoint:
             if leaves and all(a.ndim and a.shape[0] == size for a in leaves):
                 done[index] = leaves
         self.resumed += len(done)
+        if done and log is not None:
+            log(f"resumed: {len(done)} of {len(sizes)} chunks from {CHECKPOINT}/")
         return ChunkLog(done, width=self.width, on_chunk=self.save_chunk)
 
 
 def _load(path: Path) -> dict[str, np.ndarray] | None:
     """The arrays of one part's file; None if absent or unreadable (solve again)."""
     try:
-        # Our own handle: np.load leaks its file when the archive is corrupt.
-        with open(path, "rb") as f, np.load(f) as data:
-            return {name: data[name] for name in data.files}
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return _io.load_npz(path)
+    except _io.UNREADABLE_NPZ:
         return None
 
 

@@ -15,7 +15,6 @@ import contextlib
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -117,16 +116,22 @@ def _add_demo(subparsers) -> None:
     p.set_defaults(func=_run_demo)
 
 
-def _run_resumable(args: argparse.Namespace, report) -> int:
-    """`report.main` with `--resume`; an interrupt says what there is to resume."""
-    from .chunk_checkpoint import interrupted_hint
+def _run_resumable(args: argparse.Namespace, report, hint=None) -> int:
+    """`report.main` with `--resume`; an interrupt says what there is to resume.
 
+    `hint(out)` says it (default: `chunk_checkpoint.interrupted_hint`).
+    """
+    if hint is None:
+        from .chunk_checkpoint import interrupted_hint
+
+        hint = interrupted_hint
     try:
         return report.main(args, resume=args.resume)
     except KeyboardInterrupt:
-        hint = interrupted_hint(args.out)
         print(
-            f"meanfield {report.name}: interrupted; {hint}", file=sys.stderr, flush=True
+            f"meanfield {report.name}: interrupted; {hint(args.out)}",
+            file=sys.stderr,
+            flush=True,
         )
         return 130
 
@@ -212,18 +217,9 @@ def _add_lipschitz(subparsers) -> None:
 
 def _run_simulate(args: argparse.Namespace) -> int:
     from .simulate_report import REPORT
-    from .simulate_segments import CHECKPOINT
+    from .simulate_segments import interrupted_hint
 
-    try:
-        return REPORT.main(args, resume=args.resume)
-    except KeyboardInterrupt:
-        checkpoint = Path(args.out) / CHECKPOINT
-        if checkpoint.exists():
-            hint = f"the last checkpoint is {checkpoint}: rerun with --resume"
-        else:
-            hint = "no segment had finished, so there is no checkpoint to resume"
-        print(f"meanfield simulate: interrupted; {hint}", file=sys.stderr, flush=True)
-        return 130
+    return _run_resumable(args, REPORT, interrupted_hint)
 
 
 def _add_simulate(subparsers) -> None:

@@ -31,9 +31,9 @@ from .._attention.softmax import SoftmaxAttention
 from .._measures import Gaussian
 from ..gaussian._ode import GaussianSolution, simulate
 from ..gaussian._ode import blowup_time as closed_form_blowup_time
-from ..gaussian._study import blowup_times
+from ..gaussian._study import blowup_times, chunk_sizes
 from . import config as _config
-from .chunk_checkpoint import CHECKPOINT, Checkpoint
+from .chunk_checkpoint import Checkpoint
 from .config import Key, grid_range, integer, is_number, matrix, number, short
 from .report import Output, Report, Result, format_matrix
 
@@ -283,10 +283,7 @@ def _check(cfg: dict, args: argparse.Namespace) -> None:
 def _phase_chunks(cfg: dict) -> list[int]:
     """Cells per chunk of the phase grid, as `blowup_times` cuts it."""
     ph = cfg["phase"]
-    size = ph["s_range"][2] * ph["r_range"][2]
-    count = -(-size // ph["chunk_size"])
-    width = -(-size // count)
-    return [min(width, size - start) for start in range(0, size, width)]
+    return chunk_sizes(ph["s_range"][2] * ph["r_range"][2], ph["chunk_size"])
 
 
 def _manifest_config(cfg: dict, out: Path) -> dict:
@@ -427,9 +424,6 @@ def _solve(cfg: dict, output: Output, ckpt: Checkpoint, sizes: list[int]):
     batched = jax.vmap(lambda A: SoftmaxAttention(V, A=A))(
         jnp.asarray(As.reshape(-1, 2, 2), f64)
     )
-    chunks = ckpt.chunk_log(sizes)
-    if chunks.done:
-        log(f"resumed: {len(chunks.done)} of {len(sizes)} chunks from {CHECKPOINT}/")
     study = blowup_times(
         gauss,
         {"softmax": batched},
@@ -438,7 +432,7 @@ def _solve(cfg: dict, output: Output, ckpt: Checkpoint, sizes: list[int]):
         atol=PHASE_TOL,
         chunk_size=ph["chunk_size"],
         progress=output.progress,
-        chunks=chunks,
+        chunks=ckpt.chunk_log(sizes, log),
     )
     times = np.asarray(study.times["softmax"], float).reshape(S.shape)
     codes = np.asarray(study.status["softmax"]).reshape(S.shape)

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import platform
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,11 @@ def _version(dist: str) -> str | None:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def versions(dists: Sequence[str] = _VERSIONED) -> dict[str, str | None]:
+    """{distribution: its installed version, None if not installed} of `dists`."""
+    return {name: _version(name) for name in dists}
 
 
 def portable(value: Any, root: str | None = None) -> Any:
@@ -79,15 +85,15 @@ def manifest(config: dict, seed: int | None, wall_time: float | None) -> dict[st
     # should not initialise a backend (`meanfield --help` imports no JAX).
     import jax
 
-    versions = {name: _version(name) for name in _VERSIONED}
-    versions["python"] = platform.python_version()
+    installed = versions()
+    installed["python"] = platform.python_version()
     device = jax.devices()[0]
     return {
         "written_by": WRITTEN_BY,
         "config": portable(config),
         "seed": seed,
         "wall_time_s": wall_time,
-        "versions": versions,
+        "versions": installed,
         "device": {"name": str(device), "platform": device.platform},
         "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
@@ -102,16 +108,16 @@ def written_by_meanfield(manifest_dict: Any) -> bool:
     )
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """Convert NumPy/JAX values, paths and non-finite floats for strict JSON.
 
     Non-finite floats become the strings "inf", "-inf" and "nan": bare
     `Infinity`/`NaN` tokens are not JSON and break strict readers (jq, browsers).
     """
     if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
+        return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_jsonable(v) for v in obj]
+        return [jsonable(v) for v in obj]
     if isinstance(obj, os.PathLike):
         return os.fspath(obj)
     if obj is None or isinstance(obj, bool | int | str):
@@ -121,7 +127,7 @@ def _jsonable(obj: Any) -> Any:
     arr = np.asarray(obj)  # NumPy/JAX scalars and arrays
     if arr.dtype == object:
         return repr(obj)
-    return _jsonable(arr.tolist())
+    return jsonable(arr.tolist())
 
 
 def write_manifest(path: str | os.PathLike, manifest_dict: dict) -> None:
@@ -134,5 +140,5 @@ def write_manifest(path: str | os.PathLike, manifest_dict: dict) -> None:
         path: destination file; its directory must exist.
         manifest_dict: typically the output of `manifest`, possibly extended.
     """
-    text = json.dumps(_jsonable(manifest_dict), indent=2, allow_nan=False)
+    text = json.dumps(jsonable(manifest_dict), indent=2, allow_nan=False)
     atomic_write_text(path, text + "\n")

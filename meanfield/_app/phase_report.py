@@ -15,7 +15,6 @@ Run it with `meanfield phase [--config FILE.toml] [--resume]`.
 """
 
 import argparse
-import math
 import os
 
 import jax
@@ -25,7 +24,7 @@ import numpy as np
 from .. import clustering, plotting
 from .._ensemble import chunk_layout, concurrent_chunks
 from .._noisy_solve import SDE_TOLERANCE
-from .chunk_checkpoint import CHECKPOINT, Checkpoint
+from .chunk_checkpoint import Checkpoint
 from .config import (
     Key,
     boolean,
@@ -340,10 +339,7 @@ def _checkpoint(cfg: dict, output: Output, seed: int, resume: bool):
     )
     width = ckpt.width
     sizes = [min(width, size - start) for start in range(0, size, width)]
-    log = ckpt.chunk_log(sizes)
-    if ckpt.resumed:
-        output.log(f"resumed: {ckpt.resumed} of {len(sizes)} chunks from {CHECKPOINT}/")
-    return ckpt, log
+    return ckpt, ckpt.chunk_log(sizes, output.log)
 
 
 def has_theory(cfg: dict) -> bool:
@@ -423,7 +419,7 @@ def _compute(
             float(diagram.one_cluster[-1, -1]),
         ],
         "wall_s": output.wall_s,
-        "chunks": math.ceil(cfg["betas"][2] * cfg["systems"] / ckpt.width),
+        "chunks": ckpt.total,
         "resumed_chunks": ckpt.resumed if ckpt.continued else None,
     }
     if noisy:

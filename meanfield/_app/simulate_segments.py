@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 import sys
-import zipfile
 from pathlib import Path
 
 import equinox as eqx
@@ -126,17 +125,16 @@ class _Checkpoint:
 
     @classmethod
     def load(cls, path: Path) -> "_Checkpoint":
-        # Our own handle: np.load leaks its file when the archive is corrupt.
-        with open(path, "rb") as f, np.load(f) as data:
-            return cls(
-                int(data["segment"]),
-                data["ts"],
-                data["x"],
-                int(data["result"]),
-                float(data["blowup_time"]),
-                int(data["num_steps"]),
-                str(data["config_json"]),
-            )
+        data = _io.load_npz(path)
+        return cls(
+            int(data["segment"]),
+            data["ts"],
+            data["x"],
+            int(data["result"]),
+            float(data["blowup_time"]),
+            int(data["num_steps"]),
+            str(data["config_json"]),
+        )
 
 
 def _config_json(cfg: dict, seed: int) -> str:
@@ -163,7 +161,7 @@ def check_resume(cfg: dict, out: str | Path, seed: int) -> "_Checkpoint | None":
         return None
     try:
         ckpt = _Checkpoint.load(path)
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+    except _io.UNREADABLE_NPZ as err:
         raise ValueError(
             f"cannot read checkpoint {str(path)!r} ({err}); remove it to start afresh"
         ) from err
@@ -180,6 +178,18 @@ def check_resume(cfg: dict, out: str | Path, seed: int) -> "_Checkpoint | None":
             "use another --out or the same configuration and seed."
         )
     return ckpt
+
+
+def interrupted_hint(out: str | Path) -> str:
+    """What an interrupted run leaves to resume, for its last line.
+
+    Args:
+        out: the output directory.
+    """
+    checkpoint = Path(out) / CHECKPOINT
+    if checkpoint.exists():
+        return f"the last checkpoint is {checkpoint}: rerun with --resume"
+    return "no segment had finished, so there is no checkpoint to resume"
 
 
 def run_segments(

@@ -220,10 +220,8 @@ def _solve_variants(
         if not leaves:
             raise ValueError("`attns` must hold arrays with a leading batch axis.")
         size = leaves[0].shape[0]
-        # Equal chunks (the last padded by repeating its final run), so a batch
-        # compiles once whatever its size modulo chunk_size.
-        count = -(-size // chunk_size)
-        width = -(-size // count)
+        sizes = chunk_sizes(size, chunk_size)
+        width = sizes[0]
         parts = []
         starts = range(0, size, width)
         indices = range(offset, offset + len(starts))
@@ -260,6 +258,18 @@ def _solve_variants(
         times[name], rank[name], rate[name], status[name], steps[name] = t, r, g, s, n
         fraction[name] = float(np.mean(s == _status.BLOWUP))
     return times, fraction, rank, rate, status, steps
+
+
+def chunk_sizes(size: int, chunk_size: int) -> list[int]:
+    """Runs in each chunk of a batch of `size` runs, as `blowup_times` cuts it.
+
+    Equal chunks of at most `chunk_size` runs, the last maybe shorter (padded by
+    repeating its final run), so a batch compiles once whatever its size modulo
+    `chunk_size`; these are the chunks of its `chunks` log.
+    """
+    count = -(-size // chunk_size)
+    width = -(-size // count)
+    return [min(width, size - start) for start in range(0, size, width)]
 
 
 def queue_slots(runs: int) -> int:
