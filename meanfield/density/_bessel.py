@@ -132,6 +132,13 @@ def neighbour_ratios(beta: float) -> tuple[float, float, float]:
     return 1 - gamma1, q, 1 - q
 
 
+def _debye_log_ive0(beta):
+    """log(e^{-beta} I_0(beta)) by Hankel's expansion (Debye's at k = 0)."""
+    return -0.5 * (np.log(2 * np.pi) + np.log(beta)) + np.log1p(
+        _debye_sum(np.zeros_like(beta), beta)
+    )
+
+
 def log_i0(beta) -> np.ndarray:
     """The logarithm of I_0(beta), beta > 0 (any shape): finite past its overflow."""
 
@@ -139,7 +146,7 @@ def log_i0(beta) -> np.ndarray:
         return b + np.log(ive(k, b))
 
     def debye(k, b):
-        return b - 0.5 * (np.log(2 * np.pi) + np.log(b)) + np.log1p(_debye_sum(k, b))
+        return b + _debye_log_ive0(b)
 
     return _by_regime(0.0, beta, scaled, scaled, debye)
 
@@ -153,7 +160,4 @@ def scaled_bessel(k, beta: float) -> np.ndarray:
     k = np.asarray(k, np.float64)
     if beta <= _LARGE_BETA:
         return _ive(k, beta)
-    log_scaled_i0 = -0.5 * (np.log(2 * np.pi) + np.log(beta)) + np.log1p(
-        _debye_sum(np.zeros_like(k), beta)
-    )
-    return np.exp(log_scaled_i0 + _debye_log_ratio(k, beta))
+    return np.exp(_debye_log_ive0(beta) + _debye_log_ratio(k, beta))

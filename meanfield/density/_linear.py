@@ -46,9 +46,11 @@ def _check_modes(k) -> np.ndarray:
 def _check_betas(beta) -> np.ndarray:
     """The inverse temperatures as float64 (any shape, not empty), positive, finite."""
     try:
-        if np.iscomplexobj(beta) or np.asarray(beta).dtype.kind == "b":
+        b = np.asarray(beta)
+        # Booleans, complex numbers, strings (even "2.0", as `real_scalar`), objects.
+        if b.dtype.kind not in "iuf":
             raise TypeError
-        b = np.asarray(beta, np.float64)
+        b = b.astype(np.float64)
     except (TypeError, ValueError) as err:
         raise ValueError(
             f"`beta` must be positive and finite (a number or an array of numbers); "

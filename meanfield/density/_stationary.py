@@ -40,8 +40,13 @@ _MODE_CUTOFF = 1e-17
 # called stable: the marginal state at the threshold itself.
 _STABLE_SLACK = 1e-8
 # `converged` needs a flux residual within this factor of the iteration's
-# tolerance scale (`_solves`): 70 times the largest ratio measured on resolved
-# grids (0.14), 1/30 of the smallest on unresolved ones (3e2).
+# tolerance scale (`_solves`). Measured at the default tol = 1e-12: the ratio
+# is at most 0.21 on resolved grids and 3e2 or more on unresolved ones; grids
+# that nearly resolve the state fall between (12 for softmax, beta = 300, sigma
+# = 0.2 sigma_c, N = 1024: residual 1.8e-6, order parameter exact). A grid's
+# discretisation error does not shrink with tol, so an unresolved grid's ratio
+# falls like 1 / tol: at tol = 1e-4 one passes (softmax, beta = 300, sigma =
+# 0.3 sigma_c, N = 256: residual 6.2, ratio 9.3).
 _RESIDUAL_FACTOR = 10.0
 # Size (in psi = log rho) of the mode-1 push that takes the uniform state off its
 # unstable manifold's base.
@@ -68,8 +73,10 @@ class StationaryState:
             solves the zero-flux equation: `residual` <= 10 max(tol, N eps)
             (1 + max|phi|), eps = 2.2e-16, phi the fixed point's exponent
             a log Z (a Z unnormalised), the scale of the iteration's own test.
-            False on a grid that does not resolve the state, however small the
-            iteration's own residual.
+            At the default tol, False on a grid that does not resolve the
+            state, however small the iteration's own residual; the test is as
+            loose as `tol` (at tol = 1e-4 a residual of 6 can pass): read
+            `residual` itself then. False where the residual is NaN.
         stable: the linearised fixed-point map has no eigenvalue above 1
             (within even densities): Picard iterations, and for unnormalised
             attention the dynamics, return to it.
@@ -334,12 +341,14 @@ def _solves(prob: _Problem, residual: float, phi: np.ndarray, tol: float) -> boo
     """Whether a flux residual says the state solves the zero-flux equation.
 
     The iteration stops at |log rho - log T(rho)| <= tol (1 + max|phi|); the
-    flux residual of such a state on a grid that resolves it is at most 0.14
-    times that (0.4 N eps (1 + max|phi|) at the rounding floor), and 3e2 to
-    3e12 times it on the grids measured that do not (`_RESIDUAL_FACTOR`).
+    flux residual of such a state on a grid that resolves it is at most 0.21
+    times that (at the rounding floor), and 3e2 to 3e12 times it on the grids
+    measured that do not, at tol = 1e-12 (`_RESIDUAL_FACTOR`). False for a NaN
+    residual, and for a NaN or infinite phi (no bound at all).
     """
     scale = max(tol, prob.N * np.finfo(np.float64).eps) * (1 + np.abs(phi).max())
-    return bool(residual <= _RESIDUAL_FACTOR * scale)
+    bound = _RESIDUAL_FACTOR * scale
+    return bool(np.isfinite(bound) and residual <= bound)
 
 
 def _state(prob: _Problem, psi, sigma, converged, stable, iterations, *, tol):
@@ -449,13 +458,14 @@ def stationary(
         attention: "softmax" or "unnormalized".
         N: cells, even, >= 8; the density is returned at `cell_centres(N)`.
             The grid must resolve the state: where it does not, `residual` is
-            far above `tol` and `converged` is False.
+            far above `tol` and (at the default tol) `converged` is False.
         initial: starting density, shape (N,), nonnegative; it is rotated so
             that its mean direction is 0 and its part even about 0 is used.
             None starts from the map's image of a point cluster at 0, which
             finds the clustered state wherever one is stable.
         tol: tolerance on |log rho - log T(rho)|, relative to the exponent's size;
-            `converged` also asks the flux `residual` to be within 10 times it.
+            `converged` also asks the flux `residual` to be within 10 max(tol,
+            N eps) (1 + max|phi|) (`StationaryState.converged`).
         max_iter: budget of Newton plus Picard iterations.
 
     Returns:

@@ -463,6 +463,8 @@ def blowup_time(
     if w == 0:
         return float(tau)
     grow = 2 * w * tau
+    if w > 0:  # nothing cancels
+        return float(np.log1p(grow) / (2 * w))
     # 1 + grow cancels where grow ~ -1 (w < 0). Its rounding: top, an eigenvalue
     # of root M root (eigh of Sigma0, two products, eigvalsh: backward stable),
     # is off by ~ d eps |Sigma0| |M|, relative to top; w = tr(W) / d, a sum of d
