@@ -85,37 +85,39 @@ def _ive(k, beta):
     return np.where(k > _K_MAX, 0.0, ive(np.minimum(k, _K_MAX), beta))
 
 
-def rate(k, beta) -> np.ndarray:
-    """I_k(beta) / (beta I_0(beta)) for integers k >= 1 and beta > 0 (broadcast).
+def rate(k, beta, nu: float = 0.0) -> np.ndarray:
+    """I_{k+nu}(beta) / (beta I_nu(beta)) for integers k >= 1, beta > 0 (broadcast).
 
-    The softmax growth rate per k^2 (docs/math/density.md): 1/2 at k = 1 as
+    The softmax growth rate per l(l + d - 2) on S^{d-1}, nu = d/2 - 1
+    (docs/math/density.md, docs/math/sphere.md): 1/2 at k = 1, nu = 0 as
     beta -> 0 (also for subnormal beta), 1 / beta as beta -> inf.
     """
     return _by_regime(
         k,
         beta,
-        # (beta/2)^k / (beta k!) = (beta/2)^(k-1) / (2 k!): exact 1/2 at k = 1.
+        # (beta/2)^k Gamma(nu+1) / (beta Gamma(k+nu+1)): exact 1/2 at k = 1, nu = 0.
         lambda k, b: (
             np.power(b / 2, k - 1)
-            * np.exp(-gammaln(k + 1))
+            * np.exp(gammaln(nu + 1) - gammaln(k + nu + 1))
             / 2
-            * ((1 + _series(k, b)) / (1 + _series(0.0, b)))
+            * ((1 + _series(k + nu, b)) / (1 + _series(nu + 0.0, b)))
         ),
-        lambda k, b: _ive(k, b) / (b * ive(0, b)),
-        lambda k, b: np.exp(_debye_log_ratio(k, b)) / b,
+        lambda k, b: _ive(k + nu, b) / (b * ive(nu, b)),
+        lambda k, b: np.exp(_debye_log_ratio(k + nu, b) - _debye_log_ratio(nu, b)) / b,
     )
 
 
-def neighbour_ratios(beta: float) -> tuple[float, float, float]:
-    """(1 - gamma_1, q, 1 - q), gamma_1 = I_1(beta) / I_0(beta), q = I_2 / I_1.
+def neighbour_ratios(beta: float, nu: float = 0.0) -> tuple[float, float, float]:
+    """(1 - gamma_1, q, 1 - q) with gamma_1 = I_{nu+1} / I_nu, q = I_{nu+2} / I_{nu+1}.
 
-    For a scalar beta > 0. Above _LARGE_BETA gamma_1 and q are 1 - O(1 / beta):
-    the differences come from Debye's logarithms (expm1), exact to rounding,
-    not from differences of numbers near 1 (relative errors ~ eps beta).
+    At beta, for a scalar beta > 0 and order nu >= 0 (nu = d/2 - 1 on S^{d-1}). Above
+    _LARGE_BETA gamma_1 and q are 1 - O(1 / beta): the differences come from
+    Debye's logarithms (expm1), exact to rounding, not from differences of
+    numbers near 1 (relative errors ~ eps beta).
     """
     if beta > _LARGE_BETA:
-        log_gamma1, log_gamma2 = _debye_log_ratio(np.array([1.0, 2.0]), beta)
-        log_q = log_gamma2 - log_gamma1
+        log_i = _debye_log_ratio(np.array([nu, nu + 1.0, nu + 2.0]), beta)
+        log_gamma1, log_q = log_i[1] - log_i[0], log_i[2] - log_i[1]
         return (
             float(-np.expm1(log_gamma1)),
             float(np.exp(log_q)),
@@ -123,12 +125,12 @@ def neighbour_ratios(beta: float) -> tuple[float, float, float]:
         )
     if beta < _SMALL_BETA:
         # I_{k+1} / I_k = beta / (2 (k + 1)) (1 + s_{k+1}) / (1 + s_k).
-        s0, s1, s2 = (_series(float(k), beta) for k in range(3))
-        gamma1 = beta / 2 * ((1 + s1) / (1 + s0))
-        q = beta / 4 * ((1 + s2) / (1 + s1))
+        s0, s1, s2 = (_series(nu + k, beta) for k in range(3))
+        gamma1 = beta / (2 * (nu + 1)) * ((1 + s1) / (1 + s0))
+        q = beta / (2 * (nu + 2)) * ((1 + s2) / (1 + s1))
     else:
-        gamma1 = float(ive(1, beta) / ive(0, beta))
-        q = float(ive(2, beta) / ive(1, beta))
+        gamma1 = float(ive(nu + 1, beta) / ive(nu, beta))
+        q = float(ive(nu + 2, beta) / ive(nu + 1, beta))
     return 1 - gamma1, q, 1 - q
 
 
@@ -141,14 +143,27 @@ def _debye_log_ive0(beta):
 
 def log_i0(beta) -> np.ndarray:
     """The logarithm of I_0(beta), beta > 0 (any shape): finite past its overflow."""
+    return log_iv(0.0, beta)
+
+
+def log_iv(nu: float, beta) -> np.ndarray:
+    """The logarithm of I_nu(beta), order nu >= 0, beta > 0 (any shape).
+
+    Finite past the overflow of I_nu (beta > 709.8) and, for nu > 0, past its
+    underflow at subnormal beta (the power series (beta/2)^nu / Gamma(nu + 1)).
+    """
+
+    def series(k, b):
+        # log(b) - log(2), not log(b / 2): b / 2 underflows at the least subnormal.
+        return k * (np.log(b) - np.log(2)) - gammaln(k + 1) + np.log1p(_series(k, b))
 
     def scaled(k, b):
         return b + np.log(ive(k, b))
 
     def debye(k, b):
-        return b + _debye_log_ive0(b)
+        return b + _debye_log_ive0(b) + _debye_log_ratio(k, b)
 
-    return _by_regime(0.0, beta, scaled, scaled, debye)
+    return _by_regime(nu, beta, series, scaled, debye)
 
 
 def scaled_bessel(k, beta: float) -> np.ndarray:

@@ -19,6 +19,7 @@ from scipy.special import ive
 from .._repr import fields_repr
 from ._bessel import neighbour_ratios
 from ._circle import _check_attention, _check_beta, cell_centres
+from ._linear import _check_dimension
 from ._stationary import (
     _PUSH,
     _STABLE_SLACK,
@@ -39,46 +40,64 @@ TRANSITIONS = ("continuous", "discontinuous")
 _FIRST_ORDER, _ORDER_STEP = 0.01, 0.02
 
 
-def landau_coefficient(beta: float, attention: str = "softmax") -> float:
+def landau_coefficient(beta: float, attention: str = "softmax", d: int = 2) -> float:
     """The Landau coefficient: sigma_c^2 / sigma^2 = 1 + kappa r^2 + O(r^4).
 
-    With gamma_k = I_k(beta) / I_0(beta), the fixed point rho ~ G(Z / I_0 - 1)
-    with G(u) = (1 + u)^a (softmax) or e^{b u} (unnormalised), expanded to third
-    order in the order parameter r with its second harmonic slaved, gives
+    r = |int x rho| is the order parameter of the branch of stationary states
+    that bifurcates from the uniform density on S^{d-1} along degree 1. With
+    gamma_1 = I_{nu+1}(beta) / I_nu(beta), q = I_{nu+2}(beta) / I_{nu+1}(beta),
+    nu = d/2 - 1, the fixed point rho ~ G(Z / Z_0 - 1) with G(u) = (1 + u)^a
+    (softmax) or e^{b u} (unnormalised), expanded to third order with its
+    degree-2 part slaved, gives
 
-        kappa = 2 g_2 gamma_1^2 - gamma_1^3 (2 g_2^2 gamma_2 / (1 - gamma_2 / gamma_1)
-                + 3 g_3),
+        kappa = d g_2 gamma_1^2 - d^2 gamma_1^3 (4 (d - 1) g_2^2 q
+                / (d (d + 2) (1 - q)) + 3 g_3 / (d + 2)),
 
     g_j the Taylor coefficients of G at the threshold a = b = 1 / gamma_1.
-    Unnormalised: kappa = (1 - 2q) / (2 (1 - q)), q = I_2(beta) / I_1(beta);
-    softmax: kappa = delta (3/2 - delta - delta q / (2 (1 - q))), delta =
-    1 - gamma_1. Both tend to 1/2 as beta -> 0; softmax kappa ~ 2 / (3 beta)
-    and unnormalised kappa ~ 11/12 - beta / 3 as beta -> inf. Accurate at
-    every beta > 0 ([Large and small beta][math-density-bessel]).
-    See [The amplitude equation][math-noise-amplitude].
+    Unnormalised: kappa = d (1 - d q) / ((d + 2) (1 - q)), which vanishes where
+    I_{d/2+1}(beta) / I_{d/2}(beta) = 1/d: Mun & Rosenzweig's beta_*^{(d)}.
+    Softmax, delta = 1 - gamma_1: kappa = d delta / 2 - d^2 delta (2 delta - 1)
+    / (2 (d + 2)) - d (d - 1) delta^2 q / ((d + 2) (1 - q)). On the circle (d = 2)
+    these are (1 - 2q) / (2 (1 - q)) and delta (3/2 - delta - delta q / (2 (1 -
+    q))), both tending to 1/2 as beta -> 0; softmax kappa ~ 2 / (3 beta) and
+    unnormalised kappa ~ 11/12 - beta / 3 as beta -> inf. Accurate at every
+    beta > 0 ([Large and small beta][math-density-bessel]).
+    See [The amplitude equation][math-noise-amplitude] and
+    [The transition on the sphere][math-sphere-transition].
 
     Args:
         beta: inverse temperature, > 0.
         attention: "softmax" or "unnormalized".
+        d: the dimension of the tokens, an integer >= 2 (tokens on S^{d-1}).
 
     Returns:
         kappa: > 0 where the transition is continuous, < 0 where it is not.
 
     Raises:
-        ValueError: beta not positive and finite, or unknown attention.
+        ValueError: beta not positive and finite, unknown attention, or `d`
+            not an integer >= 2.
     """
     beta = _check_beta(beta)
     _check_attention(attention)
-    # gamma_1 = 1 - delta and q = gamma_2 / gamma_1 = 1 - gap: at large beta
-    # both are 1 - O(1 / beta), and delta, gap are computed without cancellation.
-    delta, q, gap = neighbour_ratios(beta)
+    d = _check_dimension(d)
+    # gamma_1 = 1 - delta and q = 1 - gap: at large beta both are 1 - O(1 / beta),
+    # and delta, gap are computed without cancellation.
+    delta, q, gap = neighbour_ratios(beta, 0.5 * d - 1)
     if attention == "softmax":
-        # The formula above with g1 = 1 / gamma_1 and g_j = binom(g1, j).
-        return float(delta * (1.5 - delta - delta * q / (2 * gap)))
-    return float((1 - 2 * q) / (2 * gap))
+        # The formula above with g_1 = a = 1 / gamma_1 and g_j = binom(a, j),
+        # delta factored out: delta^2 underflows at beta ~ 1e300.
+        return float(
+            delta
+            * (
+                d / 2
+                - d * d * (2 * delta - 1) / (2 * (d + 2))
+                - d * (d - 1) * delta * q / ((d + 2) * gap)
+            )
+        )
+    return float(d * (1 - d * q) / ((d + 2) * gap))
 
 
-def transition_type(beta: float, attention: str = "softmax") -> str:
+def transition_type(beta: float, attention: str = "softmax", d: int = 2) -> str:
     """The type of the transition: "continuous" (kappa >= 0) or "discontinuous".
 
     kappa is `landau_coefficient`. See [The amplitude equation][math-noise-amplitude].
@@ -86,50 +105,59 @@ def transition_type(beta: float, attention: str = "softmax") -> str:
     Args:
         beta: inverse temperature, > 0.
         attention: "softmax" or "unnormalized".
+        d: the dimension of the tokens, an integer >= 2 (tokens on S^{d-1}).
 
     Returns:
         "continuous" or "discontinuous".
 
     Raises:
-        ValueError: beta not positive and finite, or unknown attention.
+        ValueError: beta not positive and finite, unknown attention, or `d`
+            not an integer >= 2.
     """
-    return TRANSITIONS[landau_coefficient(beta, attention) < 0]
+    return TRANSITIONS[landau_coefficient(beta, attention, d) < 0]
 
 
 def type_change_beta(
-    attention: str = "unnormalized", bracket: tuple[float, float] = (0.05, 500.0)
+    attention: str = "unnormalized",
+    bracket: tuple[float, float] = (0.05, 500.0),
+    d: int = 2,
 ) -> float | None:
     """The beta at which the transition changes type: the root of kappa(beta).
 
     Brent's method on `landau_coefficient` (to 4 ulps of beta). For unnormalised
-    attention the root solves I_2(beta) / I_1(beta) = 1/2 (Mun & Rosenzweig's
-    beta_*, 2.4469...). Softmax attention on the circle has kappa > 0 wherever it
-    is evaluated (kappa ~ 2 / (3 beta) at large beta): no root, None.
+    attention the root solves I_{d/2+1}(beta) / I_{d/2}(beta) = 1/d: Mun &
+    Rosenzweig's beta_*^{(d)} (2.4469... on the circle, 1.8162... on S^2).
+    Softmax attention has kappa > 0 wherever it is evaluated in d = 2 (kappa ~
+    2 / (3 beta) at large beta): no root, None; see
+    [The transition on the sphere][math-sphere-transition] for d >= 3.
 
     Args:
         attention: "softmax" or "unnormalized".
         bracket: (low, high), 0 < low < high: where to look.
+        d: the dimension of the tokens, an integer >= 2 (tokens on S^{d-1}).
 
     Returns:
         The root, or None if kappa has one sign at 400 log-spaced betas of
         `bracket`.
 
     Raises:
-        ValueError: unknown attention, or bracket not 0 < low < high finite.
+        ValueError: unknown attention, bracket not 0 < low < high finite, or
+            `d` not an integer >= 2.
     """
     _check_attention(attention)
+    d = _check_dimension(d)
     low, high = (float(b) for b in bracket)
     if not (0 < low < high < np.inf):
         raise ValueError(f"`bracket` must satisfy 0 < low < high < inf; got {bracket}.")
     betas = np.geomspace(low, high, 400)
-    kappa = np.array([landau_coefficient(b, attention) for b in betas])
+    kappa = np.array([landau_coefficient(b, attention, d) for b in betas])
     change = np.nonzero(np.sign(kappa[:-1]) != np.sign(kappa[1:]))[0]
     if change.size == 0:
         return None
     i = int(change[0])
     return float(
         brentq(
-            lambda b: landau_coefficient(b, attention),
+            lambda b: landau_coefficient(b, attention, d),
             betas[i],
             betas[i + 1],
             xtol=1e-15,
@@ -138,7 +166,7 @@ def type_change_beta(
     )
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # array fields: no elementwise ==
+@dataclasses.dataclass(frozen=True, eq=False)
 class NoiseContinuation:
     """The order parameter along a sweep of the noise, from both sides.
 
