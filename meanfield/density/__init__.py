@@ -1,17 +1,23 @@
-"""The Transformer PDE as a density: the mean-field equation on the circle.
+"""The Transformer PDE as a density: the mean-field equation on S^1, S^2 and S^{d-1}.
 
-Public namespace `mf.density`: `simulate` evolves a density rho on [0, 2 pi) under
-attention with A = beta I, V = I (softmax or unnormalised), the continuum limit of
-the token dynamics on S^1 that `mf.simulate` integrates particle by particle, with
-optional noise (tokens with Brownian motions, sigma > 0: a diffusion term);
-`growth_rate` and `fastest_mode` give the linear instability of the uniform
-density (how many clusters emerge from noise), `critical_noise` the noise above
-which it is stable; `stationary` solves for the stationary densities with
-noise, and `noise_continuation`, `cluster_branch`, `landau_coefficient`,
-`transition_type`, `type_change_beta` and `coexistence_noise` describe the
-phase transition in the noise; `count_clusters` reads clusters off a density;
-`simulate_particles` runs the same model as tokens, and `circle_w1` compares a
-density with them.
+Public namespace `mf.density`, for attention with A = beta I, V = I (softmax or
+unnormalised) and optional noise (tokens with Brownian motions, sigma > 0: a
+diffusion term):
+- on the circle, `simulate` evolves a density on [0, 2 pi), the continuum limit
+  of the token dynamics that `mf.simulate` integrates particle by particle;
+  `stationary`, `noise_continuation`, `cluster_branch` and `coexistence_noise`
+  describe its stationary states with noise; `count_clusters` reads clusters
+  off a density; `simulate_particles` runs the same model as tokens, and
+  `circle_w1` compares a density with them;
+- on S^{d-1}, `simulate_zonal` evolves a density of the angle to an axis (any
+  d >= 2), `stationary_zonal` and `noise_continuation_zonal` its stationary
+  states with noise; `sample_zonal` draws tokens from it and `zonal_w1`
+  compares them with it;
+- in any dimension d, `growth_rate` and `fastest_mode` give the linear
+  instability of the uniform density (which spherical harmonics grow, how
+  many clusters emerge), `critical_noise` the noise above which it is stable,
+  and `landau_coefficient`, `transition_type` and `type_change_beta` the type
+  of the phase transition in the noise.
 """
 
 from ._analysis import angles, circle_w1, count_clusters, sample_quantiles
@@ -28,6 +34,19 @@ from ._transition import (
     noise_continuation,
     transition_type,
     type_change_beta,
+)
+from ._zonal import (
+    ZonalSolution,
+    sample_zonal,
+    simulate_zonal,
+    zonal_angles,
+    zonal_w1,
+)
+from ._zonal_stationary import (
+    ZonalNoiseContinuation,
+    ZonalStationaryState,
+    noise_continuation_zonal,
+    stationary_zonal,
 )
 
 __all__ = [
@@ -52,4 +71,13 @@ __all__ = [
     "stationary",
     "transition_type",
     "type_change_beta",
+    "ZonalNoiseContinuation",
+    "ZonalSolution",
+    "ZonalStationaryState",
+    "noise_continuation_zonal",
+    "sample_zonal",
+    "simulate_zonal",
+    "stationary_zonal",
+    "zonal_angles",
+    "zonal_w1",
 ]

@@ -68,7 +68,7 @@ def _check_betas(beta) -> np.ndarray:
 
 def _check_dimension(d) -> int:
     """The dimension d of R^d (tokens on S^{d-1}): an integer >= 2."""
-    if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 2:
+    if isinstance(d, bool | np.bool_) or not isinstance(d, int | np.integer) or d < 2:
         raise ValueError(
             f"`d` must be an integer >= 2 (tokens on S^(d-1) in R^d); got {d!r}."
         )
