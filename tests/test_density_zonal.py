@@ -7,17 +7,17 @@ import scipy.linalg
 from scipy.special import gamma, iv
 
 import meanfield as mf
-from meanfield.density._circle import simulate as simulate_circle
-from meanfield.density._funk_hecke import legendre, sphere_area
-from meanfield.density._zonal import (
-    _grid,
-    cap_fraction,
+from meanfield.density import (
     sample_zonal,
     simulate_zonal,
     zonal_angles,
     zonal_volumes,
     zonal_w1,
 )
+from meanfield.density._circle import simulate as simulate_circle
+from meanfield.density._funk_hecke import legendre, sphere_area
+from meanfield.density._zonal import _grid
+from meanfield.density._zonal_grid import cap_fraction
 from meanfield.density._zonal_heat import clip_mass, heat, heat_operator
 
 EPS = np.finfo(np.float64).eps

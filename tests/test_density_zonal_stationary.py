@@ -6,17 +6,21 @@ from scipy.optimize import brentq
 from scipy.special import ive
 
 from meanfield import density
-from meanfield.density import critical_noise, landau_coefficient, stationary
+from meanfield.density import (
+    critical_noise,
+    landau_coefficient,
+    noise_continuation_zonal,
+    stationary,
+    stationary_zonal,
+)
 from meanfield.density._funk_hecke import legendre, scaled_funk_hecke, sphere_area
 from meanfield.density._zonal_stationary import (
     _flux_residual,
     _largest_eigenvalue,
     _problem,
-    _zonal_branch,
     kernel_modes,
-    noise_continuation_zonal,
-    stationary_zonal,
 )
+from meanfield.density._zonal_transition import _zonal_branch
 
 ATTENTIONS = ("softmax", "unnormalized")
 

@@ -35,19 +35,11 @@ from ._transition import (
     transition_type,
     type_change_beta,
 )
-from ._zonal import (
-    ZonalSolution,
-    sample_zonal,
-    simulate_zonal,
-    zonal_angles,
-    zonal_w1,
-)
-from ._zonal_stationary import (
-    ZonalNoiseContinuation,
-    ZonalStationaryState,
-    noise_continuation_zonal,
-    stationary_zonal,
-)
+from ._zonal import ZonalSolution, simulate_zonal
+from ._zonal_grid import zonal_volumes
+from ._zonal_stationary import ZonalStationaryState, stationary_zonal
+from ._zonal_tokens import sample_zonal, zonal_angles, zonal_w1
+from ._zonal_transition import ZonalNoiseContinuation, noise_continuation_zonal
 
 __all__ = [
     "angles",
@@ -79,5 +71,6 @@ __all__ = [
     "simulate_zonal",
     "stationary_zonal",
     "zonal_angles",
+    "zonal_volumes",
     "zonal_w1",
 ]

@@ -1,0 +1,234 @@
+"""The noise sweep of zonal stationary states on S^{d-1}: both branches, hysteresis.
+
+`noise_continuation_zonal` continues the stationary states of `stationary_zonal`
+along sigma from the uniform state (down) and from the clustered state (up): they
+disagree between sigma_c and the fold of the cluster branch where the transition
+is discontinuous (`landau_coefficient` < 0), as on the circle (`_transition`).
+See [Stationary states on the sphere][math-sphere-stationary].
+"""
+
+import dataclasses
+
+import numpy as np
+from jaxtyping import ArrayLike, Float
+
+from .._repr import fields_repr
+from ._linear import critical_noise
+from ._stationary import _PUSH, _check_iteration, _quiet
+from ._zonal_stationary import (
+    _FIRST_ORDER,
+    _ORDER_STEP,
+    _largest_eigenvalue,
+    _Problem,
+    _problem,
+    _settle,
+    _state,
+)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)  # array fields: no elementwise ==
+class ZonalNoiseContinuation:
+    """The order parameter along a sweep of the noise on S^{d-1}, from both sides.
+
+    Attributes:
+        sigma: the noises, shape (S,), increasing.
+        from_uniform: order parameter continued with decreasing sigma from the
+            uniform state (pushed along degree 1 at every step), shape (S,).
+        from_cluster: order parameter continued with increasing sigma from the
+            clustered state, shape (S,).
+        sigma_c: the linear threshold (`critical_noise`).
+        converged: every state converged (`ZonalStationaryState.converged`)
+            and is stable.
+        residual: the largest flux residual of the states.
+        beta: the inverse temperature.
+        attention: "softmax" or "unnormalized".
+        d: the dimension.
+    """
+
+    sigma: np.ndarray
+    from_uniform: np.ndarray
+    from_cluster: np.ndarray
+    sigma_c: float
+    converged: bool
+    residual: float
+    beta: float
+    attention: str
+    d: int
+
+    def __repr__(self) -> str:
+        return fields_repr(
+            self,
+            sigma_c=self.sigma_c,
+            converged=self.converged,
+            beta=self.beta,
+            attention=self.attention,
+            d=self.d,
+            sigma=self.sigma,
+            from_uniform=self.from_uniform,
+            from_cluster=self.from_cluster,
+        )
+
+    @property
+    def bistable(self) -> np.ndarray:
+        """The noises at which the two branches differ by more than 1e-3, (S,) bool.
+
+        At sigma_c itself the fixed point is degenerate, and Newton's tolerance
+        on the equation leaves the order parameter only to about sqrt(tol).
+        """
+        return np.abs(self.from_uniform - self.from_cluster) > 1e-3
+
+
+def noise_continuation_zonal(
+    beta: float,
+    sigmas: Float[ArrayLike, " S"],
+    d: int,
+    attention: str = "softmax",
+    N: int = 128,
+    tol: float = 1e-12,
+    max_iter: int = 20_000,
+) -> ZonalNoiseContinuation:
+    """Stable zonal stationary states along sigma, continued from both sides.
+
+    Down: from the uniform state at the largest sigma, each step from the
+    previous state times e^{1e-4 t}: the uniform state is kept while it is
+    stable and left along degree 1 where it is not. Up: from the clustered
+    state at the smallest sigma (`stationary_zonal`'s default start), each step
+    from the previous state. Where the transition is discontinuous
+    (`landau_coefficient` < 0) the two disagree between sigma_c and the
+    fold of the cluster branch. See [Hysteresis][math-sphere-stationary].
+
+    Args:
+        beta: inverse temperature, > 0.
+        sigmas: noises, shape (S,), increasing, positive.
+        d: the dimension, an integer >= 2.
+        attention: "softmax" or "unnormalized".
+        N: nodes, as in `stationary_zonal`.
+        tol: as in `stationary_zonal`.
+        max_iter: as in `stationary_zonal`, per state.
+
+    Returns:
+        A `ZonalNoiseContinuation` (sigma, from_uniform, from_cluster,
+        sigma_c, converged, residual, bistable).
+
+    Raises:
+        ValueError: as `stationary_zonal`, and sigmas not a 1-D increasing
+            array of positive noises.
+    """
+    prob = _problem(beta, attention, d, N)
+    tol, max_iter = _check_iteration(tol, max_iter)
+    sig = np.asarray(sigmas, np.float64)
+    if (
+        sig.ndim != 1
+        or sig.size == 0
+        or not (np.all(np.isfinite(sig)) and sig[0] > 0 and np.all(np.diff(sig) > 0))
+    ):
+        raise ValueError("`sigmas` must be a 1-D increasing array of positive noises.")
+    if not np.isfinite(prob.scale(sig[0])):
+        raise ValueError(f"`sigmas` start at {sig[0]:g}: too small for float64.")
+    push = _PUSH * prob.t
+    ok, worst = True, 0.0
+    branches = []
+    for down in (True, False):
+        if down:  # from the uniform state at the largest sigma
+            psi, order = prob.uniform(), range(sig.size - 1, -1, -1)
+        else:  # from the clustered state at the smallest
+            psi, order = prob.point_cluster_image(prob.scale(sig[0])), range(sig.size)
+        out = np.empty(sig.size)
+        for i in order:
+            # Down, the push leaves a uniform state that has become unstable.
+            seed = psi + push if down else psi
+            psi, conv, stable, _ = _settle(
+                prob, seed, prob.scale(sig[i]), tol, max_iter
+            )
+            state = _state(prob, psi, sig[i], conv, stable, 0, tol=tol)
+            out[i], ok = state.order, ok and state.converged and stable
+            worst = max(worst, state.residual)
+        branches.append(out)
+    return ZonalNoiseContinuation(
+        sigma=sig,
+        from_uniform=branches[0],
+        from_cluster=branches[1],
+        sigma_c=float(critical_noise(prob.beta, attention, prob.d)),
+        converged=bool(ok),
+        residual=float(worst),
+        beta=prob.beta,
+        attention=attention,
+        d=prob.d,
+    )
+
+
+def _bordered_newton(prob: _Problem, psi, s, target, tol, max_iter=60):
+    """Newton on (psi = T(psi; s), order(psi) = target): (psi, s, converged, lam).
+
+    The circle's `_transition._bordered_newton` with dense solves: finds the
+    state of order parameter `target` and its noise, stable or not.
+    """
+    tw = prob.w * prob.t
+    eye = np.eye(prob.N)
+
+    def residual(psi, s):
+        im = prob.image(psi, s)
+        return im, psi - im.psi, float(tw @ np.exp(psi)) - target
+
+    im, R, e = residual(psi, s)
+    ok = False
+    for _ in range(max_iter):
+        J = prob.jacobian(im)
+        size = np.abs(R).max()
+        if size <= tol * (1 + np.abs(im.phi).max()) and abs(e) <= tol:
+            ok = True
+            break
+        try:
+            JR, Jg = np.linalg.solve(eye - J, np.stack([R, prob.ds(im)], 1)).T
+        except np.linalg.LinAlgError:
+            break
+        c = tw * np.exp(psi)  # d order / d psi
+        # [I - DT, -g; c^T, 0] [dpsi; ds] = -[R; e]
+        ds = (c @ JR - e) / (c @ Jg)
+        dpsi = -JR + Jg * ds
+        t, before = 1.0, max(size, abs(e))
+        for _ in range(15):
+            if s + t * ds > 0:
+                with _quiet():  # a rejected trial may overflow
+                    trial = residual(psi + t * dpsi, s + t * ds)
+                    after = max(np.abs(trial[1]).max(), abs(trial[2]))
+                if np.isfinite(after) and after < (1 - 1e-4 * t) * before:
+                    break
+            t /= 2
+        else:
+            break
+        psi, s = psi + t * dpsi, s + t * ds
+        im, R, e = trial
+    else:
+        J = prob.jacobian(im)
+    return psi, s, ok, _largest_eigenvalue(J)
+
+
+def _zonal_branch(prob: _Problem, orders: np.ndarray, tol: float = 1e-12):
+    """(sigma, converged, lam) at each order parameter of `orders` (increasing).
+
+    From r = _FIRST_ORDER on the linear mode (1 + d r t) / |S^{d-1}| (whose
+    order parameter is r, int t^2 = |S^{d-1}| / d), in steps of at most
+    _ORDER_STEP, each from a secant prediction of the two before: the branch
+    of one-cluster states through its folds, unstable parts included.
+    """
+    path = [min(_FIRST_ORDER, float(orders[0]))]
+    for target in orders:
+        while path[-1] + min(_ORDER_STEP, (1 - path[-1]) / 5) < target:
+            path.append(path[-1] + min(_ORDER_STEP, (1 - path[-1]) / 5))
+        if target > path[-1]:
+            path.append(float(target))
+    guess = np.log((1 + prob.d * path[0] * prob.t) / prob.area)
+    s = prob.scale(float(critical_noise(prob.beta, prob.attention, prob.d)))
+    history, found = [], {}
+    for target in path:
+        if len(history) >= 2:  # secant predictor in r
+            (p1, s1, r1), (p2, s2, r2) = history[-2:]
+            f = (target - r2) / (r2 - r1)
+            guess, s = p2 + f * (p2 - p1), s2 + f * (s2 - s1)
+        psi, s_new, ok, lam = _bordered_newton(prob, guess, s, target, tol)
+        if ok:
+            history.append((psi, s_new, target))
+        found[float(target)] = (prob.sigma(s_new), ok, lam)
+    out = np.array([found[float(r)] for r in orders])
+    return out[:, 0], out[:, 1].astype(bool), out[:, 2]
