@@ -13,6 +13,9 @@ diffusion term):
   d >= 2), `stationary_zonal` and `noise_continuation_zonal` its stationary
   states with noise; `sample_zonal` draws tokens from it and `zonal_w1`
   compares them with it;
+- on S^2, `simulate_sphere` evolves a full density under general Q, K, V
+  (spherical harmonics on `sphere_grid`), and `count_sphere_clusters` reads
+  clusters off it;
 - in any dimension d, `growth_rate` and `fastest_mode` give the linear
   instability of the uniform density (which spherical harmonics grow, how
   many clusters emerge), `critical_noise` the noise above which it is stable,
@@ -22,8 +25,11 @@ diffusion term):
 
 from ._analysis import angles, circle_w1, count_clusters, sample_quantiles
 from ._circle import DensitySolution, cell_centres, simulate
+from ._harmonics import SphereGrid, sphere_grid
 from ._linear import critical_noise, fastest_mode, growth_rate
 from ._particles import simulate_particles
+from ._sphere import SphereSolution, simulate_sphere
+from ._sphere_clusters import count_sphere_clusters
 from ._stationary import StationaryState, stationary
 from ._transition import (
     ClusterBranch,
@@ -59,6 +65,11 @@ __all__ = [
     "noise_continuation",
     "sample_quantiles",
     "simulate",
+    "simulate_sphere",
+    "SphereGrid",
+    "SphereSolution",
+    "sphere_grid",
+    "count_sphere_clusters",
     "simulate_particles",
     "stationary",
     "transition_type",

@@ -37,10 +37,13 @@ from ._particles import (
     plot_trajectories,
     plot_trajectories_3d,
 )
+from ._sphere_density import animate_sphere_density, plot_sphere_density
 from ._stability import plot_stability
 
 __all__ = [
     "animate",
+    "animate_sphere_density",
+    "plot_sphere_density",
     "plot_blowup_phase_diagram",
     "plot_cluster_counts",
     "plot_covariance_eigenvalues",
