@@ -172,3 +172,60 @@ def test_initial_density_has_mass_one_and_is_nonnegative():
         rho = initial_density(resolve_config({"init": init, "perturbation": 0.5}), 0)
         assert rho.min() >= 0
         np.testing.assert_allclose(rho.sum() * 2 * np.pi / rho.size, 1, rtol=1e-14)
+
+
+SPHERE = """\
+geometry = "sphere"
+L = 24
+beta = 4.0
+t1 = 0.5
+saves = 3
+init = "smooth"
+particles = 64
+animation = true
+"""
+
+
+def test_density_on_the_sphere_writes_maps_animation_and_tokens(tmp_path, capsys):
+    # geometry = "sphere": simulate_sphere on sphere_grid(L) from the
+    # configuration's initial density, tokens drawn from it beside it.
+    from meanfield._app import density_sphere
+
+    out = tmp_path / "out"
+    argv = ["density", "--config", _toml(tmp_path, SPHERE), "--out", str(out)]
+    assert main([*argv, "--seed", "3", "--no-progress"]) == 0
+    assert "density on S^2: L = 24" in capsys.readouterr().out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == ["density.gif", "density.npz", "density.png"]
+    summary = manifest["summary"]
+    assert summary["status"] == "success"
+    assert summary["fastest_degree"] == density.fastest_mode(4.0, d=3) == 2
+    assert summary["mass_error"] < 1e-14
+    cfg = resolve_config(
+        {"geometry": "sphere", "L": 24, "beta": 4.0, "init": "smooth", "t1": 0.5}
+    )
+    rho0 = density_sphere.initial_density(cfg, 3)
+    want = density.simulate_sphere(rho0, 0.5, beta=4.0, saveat=np.linspace(0, 0.5, 3))
+    with np.load(out / "density.npz") as data:
+        np.testing.assert_array_equal(data["rho"], want.rho)
+        assert data["particles"].shape == (3, 64, 3)
+        # 64 tokens from a smooth density: its first two moments to ~1/sqrt(64).
+        assert np.nanmax(data["moment_gap"]) < 0.5
+    # The random perturbation lives in degrees 1..L/2: the band's top is empty.
+    grid = density.sphere_grid(24)
+    bumps = np.exp(2 * np.asarray(grid.nodes)[:, 2]) + np.exp(
+        3 * np.asarray(grid.nodes)[:, 0]
+    )
+    ratio = rho0.reshape(-1) / bumps
+    coeffs = np.asarray(
+        density._harmonics.analysis(grid, (ratio / ratio.mean()).reshape(grid.shape))
+    )
+    assert np.abs(coeffs[13:]).max() < 1e-12
+
+
+def test_sphere_band_limit_too_small_for_beta_is_a_one_line_error(tmp_path, capsys):
+    text = SPHERE.replace("beta = 4.0", "beta = 60.0")
+    argv = ["density", "--config", _toml(tmp_path, text), "--out", str(tmp_path / "o")]
+    assert main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "`L`" in err[0]

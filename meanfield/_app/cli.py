@@ -298,18 +298,22 @@ def _run_density(args: argparse.Namespace) -> int:
 def _add_density(subparsers) -> None:
     p = subparsers.add_parser(
         "density",
-        help="the mean-field density on the circle, beside particles",
+        help="the mean-field density on the circle or S^2, beside particles",
         description=(
-            "The density of tokens on the circle under attention with V = I, "
-            "A = beta I, solved as a PDE (finite volumes, FFT convolutions), "
-            "beside the same dynamics sampled by particles at the quantiles of "
-            "the initial density. Writes density.png (the density over (theta, "
-            "t) and the particle histogram at t1), density.npz and "
+            "The density of tokens on the circle (geometry = circle: finite "
+            "volumes, FFT convolutions) or on S^2 (geometry = sphere: spherical "
+            "harmonics, band limit L) under attention with V = I, A = beta I, "
+            "solved as a PDE, beside the same dynamics sampled by particles "
+            "(circle: at the quantiles of the initial density; sphere: drawn from "
+            "it). Writes density.png (circle: the density over (theta, t) and the "
+            "particle histogram at t1; sphere: maps of the density at four times, "
+            "and density.gif with animation = true), density.npz and "
             "manifest.json, and prints a short summary (clusters formed, the "
-            "fastest-growing mode, W1 between density and particles). "
-            "Configuration keys (TOML, all optional): N, beta, attention "
-            "(softmax | unnormalized), t1, saves, init (noise | smooth), noise, "
-            "particles (0 for none), rtol, atol. "
+            "fastest-growing mode, how far the particles are from the density). "
+            "Configuration keys (TOML, all optional): geometry (circle | sphere), "
+            "N, L, animation, beta, attention (softmax | unnormalized), t1, saves, "
+            "init (uniform | smooth), perturbation, noise, particles (0 for none), "
+            "rtol, atol. "
             "Not resumable (no --resume): an interrupted run starts again from "
             "the beginning."
         ),

@@ -65,9 +65,11 @@ SUMMARIES = {
         "`--resume`); the default grid is the published one."
     ),
     "density": (
-        "Solves the density of tokens on the circle under attention with V = I and "
-        "A = β I as a PDE (finite volumes), beside the same dynamics run by "
-        "particles placed at the quantiles of the initial density. Writes "
+        "Solves the density of tokens on the circle (finite volumes) or, with "
+        '`geometry = "sphere"`, on S² (spherical harmonics) under attention with '
+        "V = I and A = β I as a PDE, beside the same dynamics run by particles "
+        "placed at the quantiles of the initial density (circle) or drawn from it "
+        "(sphere). Writes "
         "`density.png`, `density.npz` and `manifest.json`. Not resumable: an "
         "interrupted run starts again from the beginning."
     ),

@@ -1,10 +1,12 @@
-"""The mean-field density on the circle from a configuration (`meanfield density`).
+"""The mean-field density on S^1 or S^2 from a configuration (`meanfield density`).
 
-The tokens' density rho(theta, t) on S^1 under attention with A = beta I, V = I
-(`mf.density.simulate`), beside the same dynamics sampled by particles
-(`mf.simulate`, tokens at the quantiles of rho0): clusters emerge from the
-uniform state at the fastest-growing Fourier mode (Geshkovski, Letrouit,
-Polyanskiy & Rigollet, 2023; Bruno, Pasqualotto & Agazzi, 2025).
+The tokens' density on S^1 (`mf.density.simulate`, rho(theta, t)) or on S^2
+(`geometry = "sphere"`: `mf.density.simulate_sphere`, `density_sphere`) under
+attention with A = beta I, V = I, beside the same dynamics sampled by particles
+(`mf.simulate`; on the circle tokens at the quantiles of rho0, on S^2 drawn
+from it): clusters emerge from the uniform state at the fastest-growing mode
+(Geshkovski, Letrouit, Polyanskiy & Rigollet, 2023; Bruno, Pasqualotto &
+Agazzi, 2025).
 
 Run it with `meanfield density [--config FILE.toml]`.
 """
@@ -14,12 +16,15 @@ import numpy as np
 
 from .. import density, plotting
 from .._noisy_solve import SDE_TOLERANCE
-from .config import Key, choice, integer, number
+from ..density._sphere import min_band_limit
+from . import density_sphere
+from .config import Key, boolean, choice, integer, number
 from .config import resolve as resolve_schema
 from .report import Output, Report, Result
 
 ATTENTIONS = ("softmax", "unnormalized")
 INITS = ("uniform", "smooth")
+GEOMETRIES = ("circle", "sphere")
 #: The unnormalised field is of size e^beta: beyond float64 past log(max), where
 #: `mf.density` refuses it (softmax divides it out and takes any beta).
 UNNORMALIZED_MAX_BETA = float(np.log(np.finfo(np.float64).max))
@@ -34,10 +39,30 @@ def _nonnegative(value, key: str, cfg) -> float:
 
 #: The configuration: key -> (checker, default).
 SCHEMA: dict = {
+    "geometry": Key(
+        choice(GEOMETRIES),
+        "circle",
+        doc='`"circle"` (the density on S¹ by finite volumes, `N` cells) or '
+        '`"sphere"` (the density on S² by spherical harmonics, band limit `L`).',
+    ),
     "N": Key(
         integer(8),
         1024,
-        doc="Cells of the finite-volume grid on the circle [0, 2π), ≥ 8.",
+        doc="Cells of the finite-volume grid on the circle [0, 2π), ≥ 8 "
+        '(`geometry = "circle"`).',
+    ),
+    "L": Key(
+        integer(8, 256),
+        48,
+        doc="Band limit on S²: spherical harmonics of degree < L on a grid of "
+        '⌈3L/2⌉ × 3L nodes, 8 to 256 (`geometry = "sphere"`; at least about '
+        "3.7 √β).",
+    ),
+    "animation": Key(
+        boolean(),
+        False,
+        doc="Also write `density.gif`, the density on S² over time "
+        '(`geometry = "sphere"`).',
     ),
     "beta": Key(
         number(positive=True),
@@ -62,8 +87,9 @@ SCHEMA: dict = {
         choice(INITS),
         "uniform",
         doc='Initial density, normalised to mass 1: `"uniform"` (1, times '
-        '1 + perturbation · N(0, 1) in each cell) or `"smooth"` '
-        "(e^(2 cos θ + 0.5 cos(3θ − 1)), times the same factor).",
+        '1 + perturbation · N(0, 1) in each cell or at each node) or `"smooth"` '
+        "(circle: e^(2 cos θ + 0.5 cos(3θ − 1)); sphere: e^(2 x₃) + e^(3 x₁); "
+        "times the same factor).",
     ),
     "perturbation": Key(
         _nonnegative,
@@ -89,9 +115,10 @@ SCHEMA: dict = {
     "particles": Key(
         integer(0),
         2000,
-        doc="Tokens placed at the quantiles of the initial density and run beside "
-        "it, for the comparison (W1 to the density at every save time), ≥ 0 "
-        "(0: none).",
+        doc="Tokens placed at the quantiles of the initial density (circle) or "
+        "drawn from it (sphere) and run beside it, for the comparison (circle: "
+        "W1 to the density at every save time; sphere: the largest gap in the "
+        "first two moments), ≥ 0 (0: none).",
     ),
     "rtol": Key(
         number(positive=True),
@@ -111,7 +138,9 @@ SCHEMA: dict = {
 def resolve_config(config: dict | None) -> dict:
     """Validate a configuration and fill in the defaults (`SCHEMA`).
 
-    Keys (all optional): `N` (cells, >= 8), `beta` (> 0), `attention`
+    Keys (all optional): `geometry` ("circle" | "sphere"), `N` (cells on the
+    circle, >= 8), `L` (band limit on S^2, 8..256), `animation` (S^2: also a
+    GIF), `beta` (> 0), `attention`
     ("softmax" | "unnormalized"), `t1` (> 0), `saves` (>= 2), `init`
     ("uniform": 1 times 1 + perturbation N(0, 1) per cell; "smooth": e^{2 cos
     theta + 0.5 cos(3 theta - 1)} times the same factor), `perturbation` (>= 0),
@@ -128,6 +157,11 @@ def resolve_config(config: dict | None) -> dict:
             f"`beta` must be in (0, {UNNORMALIZED_MAX_BETA:.4f}] with `attention` = "
             '"unnormalized" (its field, of size e^beta, is beyond float64 past it; '
             f'"softmax" takes any beta > 0); got {cfg["beta"]:g}.'
+        )
+    if cfg["geometry"] == "sphere" and cfg["L"] < min_band_limit(cfg["beta"]):
+        raise ValueError(
+            f"`L` = {cfg['L']} is too small for beta = {cfg['beta']:g} on the sphere: "
+            f"the kernel e^(beta <x, y>) needs L >= {min_band_limit(cfg['beta'])}."
         )
     if cfg["init"] == "uniform" and cfg["perturbation"] == 0:
         if cfg["noise"]["sigma"] == 0:
@@ -185,6 +219,8 @@ def run_density(
 
 
 def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
+    if cfg["geometry"] == "sphere":
+        return density_sphere.compute(cfg, output, seed=seed)
     rho0 = initial_density(cfg, 0 if seed is None else seed)
     ts = np.linspace(0.0, cfg["t1"], cfg["saves"])
     sigma = cfg["noise"]["sigma"]
@@ -281,7 +317,10 @@ def _compute(cfg: dict, output: Output, *, seed: int | None = None) -> Result:
 
 
 def _figures(cfg: dict, result: Result, output: Output) -> None:
-    """density.png."""
+    """density.png (and density.gif on the sphere, if asked)."""
+    if cfg["geometry"] == "sphere":
+        density_sphere.figures(cfg, result, output)
+        return
     output.figure(
         plotting.plot_density(
             result.data["solution"], particles=result.data["particles"]
@@ -293,6 +332,8 @@ def _figures(cfg: dict, result: Result, output: Output) -> None:
 
 def format_summary(summary: dict) -> str:
     """The lines printed after a run."""
+    if summary.get("geometry") == "sphere":
+        return "\n".join(density_sphere.summary_lines(summary))
     lines = [
         f"density: N = {summary['N']}, beta = {summary['beta']:g} "
         f"({summary['attention']}), sigma = {summary['sigma']:g} (critical "

@@ -27,9 +27,10 @@ from ._analysis import angles, circle_w1, count_clusters, sample_quantiles
 from ._circle import DensitySolution, cell_centres, simulate
 from ._harmonics import SphereGrid, sphere_grid
 from ._linear import critical_noise, fastest_mode, growth_rate
-from ._particles import simulate_particles
+from ._particles import simulate_particles, simulate_tokens
 from ._sphere import SphereSolution, simulate_sphere
 from ._sphere_clusters import count_sphere_clusters
+from ._sphere_tokens import sample_sphere, sphere_values
 from ._stationary import StationaryState, stationary
 from ._transition import (
     ClusterBranch,
@@ -70,7 +71,10 @@ __all__ = [
     "SphereSolution",
     "sphere_grid",
     "count_sphere_clusters",
+    "sample_sphere",
+    "sphere_values",
     "simulate_particles",
+    "simulate_tokens",
     "stationary",
     "transition_type",
     "type_change_beta",
