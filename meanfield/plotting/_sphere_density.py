@@ -116,7 +116,8 @@ def animate_sphere_density(
 
     Args:
         sol: a `density.SphereSolution`.
-        path: output file, ".gif" (always available) or ".mp4" (needs ffmpeg).
+        path: output file, ".gif" (always available) or ".mp4" (needs ffmpeg);
+            its directory is created if needed.
         fps: frames per second, > 0.
         max_frames: at most this many frames, >= 2.
         title: title above the map (the time is appended).
@@ -141,6 +142,7 @@ def animate_sphere_density(
     rows = reached[np.unique(picks)]
     path = Path(path)
     writer = _writer(path, float(fps))
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig = plt.figure(figsize=(6.0, 3.6), layout="constrained")
     ax = fig.add_subplot(projection="mollweide")
     lon, lat = _edges(sol)
