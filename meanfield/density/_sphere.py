@@ -148,7 +148,11 @@ class _GeneralField(eqx.Module):
 
     def field(self, grid: SphereGrid, rho):
         """Gamma_rho at the nodes, (M, 3), from grid values rho (nlat, nlon)."""
-        nodes = jnp.asarray(grid.nodes)
+        # The kernel e^{<Q x_i, K x_j>} does not depend on rho: without the
+        # barrier XLA hoists it out of the step loop whenever it fits in a block
+        # or two, holding several (M, M) copies. Tying the nodes to rho keeps it
+        # inside, blocked: O(M block) memory.
+        nodes, rho = jax.lax.optimization_barrier((jnp.asarray(grid.nodes), rho))
         wr = jnp.asarray(grid.weights) * rho.reshape(-1)
         keys = nodes @ self.K.T  # (M, 3): <Q x, K y> = <Q x, keys_y>
         values = nodes @ self.V.T
