@@ -143,3 +143,52 @@ def test_bad_dimension_is_refused_naming_d(bad):
     ):
         with pytest.raises(ValueError, match="`d`"):
             call()
+
+
+@pytest.mark.parametrize("d", [2, 3, 4, 5, 7])
+def test_funk_hecke_eigenvalues_are_the_quadrature_of_their_integral(d):
+    # kappa_l = |S^{d-2}| int e^{beta t} P_l(t) (1 - t^2)^{(d-3)/2} dt, by SciPy's
+    # adaptive quadrature (the endpoint singularity of d = 2 by the substitution
+    # t = cos(phi)), against the closed form in Bessel functions.
+    from scipy.integrate import quad
+
+    from meanfield.density._funk_hecke import legendre, scaled_funk_hecke, sphere_area
+
+    beta = 2.7
+    for ell in (0, 1, 2, 5):
+
+        def integrand(phi, ell=ell):
+            t = np.cos(phi)
+            return (
+                np.exp(beta * t) * legendre(ell + 1, t, d)[ell] * np.sin(phi) ** (d - 2)
+            )
+
+        want = sphere_area(d - 1) * quad(integrand, 0, np.pi, epsabs=0, epsrel=1e-12)[0]
+        got = scaled_funk_hecke(ell, beta, d) * np.exp(beta)
+        np.testing.assert_allclose(got, want, rtol=1e-11)
+
+
+def test_legendre_polynomials_are_chebyshev_legendre_and_orthogonal():
+    from numpy.polynomial import chebyshev
+    from numpy.polynomial import legendre as np_legendre
+
+    from meanfield.density._funk_hecke import harmonic_dimension, legendre, sphere_area
+
+    t = np.linspace(-1, 1, 41)
+    for ell in range(6):
+        basis = np.eye(6)[ell]
+        np.testing.assert_allclose(
+            legendre(6, t, 2)[ell], chebyshev.chebval(t, basis), atol=1e-14
+        )
+        np.testing.assert_allclose(
+            legendre(6, t, 3)[ell], np_legendre.legval(t, basis), atol=1e-14
+        )
+    # d = 5: orthogonal for (1 - t^2), and the addition theorem's norm
+    # int P_l^2 dy = |S^{d-1}| / N(d, l).
+    nodes, weights = np.polynomial.legendre.leggauss(40)
+    P = legendre(6, nodes, 5)
+    gram = (P * weights * (1 - nodes**2)) @ P.T * sphere_area(4)
+    np.testing.assert_allclose(
+        gram, np.diag(sphere_area(5) / harmonic_dimension(np.arange(6), 5)), atol=1e-13
+    )
+    np.testing.assert_array_equal(harmonic_dimension(np.arange(4), 3), [1, 3, 5, 7])

@@ -136,8 +136,9 @@ def sample_sphere(
     `safety` times that value (the samples drawn under too small a bound are
     discarded). The draw is exact once B >= max f, which a bound `safety`
     times a value seen holds in practice (the grid's 3/2-rule nodes miss the
-    maximum of a band-limited f by far less than 25 %). Undershoots of f below 0 between the
-    nodes (Gibbs) are read as 0. Expected proposals: 4 pi B n (B ~ max rho).
+    maximum of a band-limited f by far less than 25 %). Undershoots of f
+    below 0 between the nodes (Gibbs) are read as 0. Expected proposals:
+    4 pi B n (B ~ max rho).
 
     Args:
         key: a JAX PRNG key, `jax.random.key(seed)`.
