@@ -203,7 +203,8 @@ def _rotation(seed):
 
 
 @pytest.mark.parametrize(
-    ("attention", "beta"), [("softmax", 3.0), ("unnormalized", 1.5)]
+    ("attention", "beta"),
+    [("softmax", 3.0), pytest.param("unnormalized", 1.5, marks=pytest.mark.slow)],
 )
 def test_general_path_with_isotropic_kernel_equals_zonal(attention, beta):
     L = 12
@@ -284,6 +285,7 @@ def test_general_path_matches_weighted_particles(attention, family):
         assert err <= 0.1 * coarse + 1e-13, (k, err, coarse)
 
 
+@pytest.mark.slow  # 7 s: four band limits
 def test_error_falls_geometrically_with_the_band_limit():
     beta, sigma, t1 = 2.0, 0.3, 0.5
     Ls, ref_L = (6, 9, 12), 24

@@ -54,7 +54,11 @@ def _at_nodes(sol, theta_nodes):
     "attention, sigma, t1",
     # Unnormalised attention moves ~e^beta / beta faster: a shorter horizon
     # keeps the density resolved at L = 32.
-    [("softmax", 0.0, T1), ("unnormalized", 0.0, 0.05), ("softmax", 0.4, T1)],
+    [
+        ("softmax", 0.0, T1),
+        pytest.param("unnormalized", 0.0, 0.05, marks=pytest.mark.slow),
+        ("softmax", 0.4, T1),
+    ],
 )
 def test_zonal_and_full_sphere_solvers_agree_on_zonal_data(attention, sigma, t1):
     L = 32

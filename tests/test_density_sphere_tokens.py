@@ -94,6 +94,7 @@ def test_sample_is_exact_past_a_bound_that_fails(key):
     assert np.all(np.abs(z) < 4), z  # as above
 
 
+@pytest.mark.slow  # 8 s: three n, three seeds, each a particle solve
 def test_tokens_follow_the_density(key):
     """Tokens sampled at t = 0 and run by `mf.simulate` against `simulate_sphere`.
 

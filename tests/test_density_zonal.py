@@ -264,6 +264,7 @@ def _check_particles(ns, w, disc):
     assert -0.75 < slope < -0.3
 
 
+@pytest.mark.slow  # 6 s: three n of tokens; the slow version takes 8 seeds
 def test_particles_approach_the_density():
     ns = np.array([256, 1024])
     w, disc = _particle_w1(ns, 4)
