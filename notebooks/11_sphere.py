@@ -174,7 +174,7 @@ finish(fig, "11_hysteresis")
 
 # %%
 L = 24 if SMOKE_TEST else 64
-beta, sigma = 16.0, 0.1
+beta, sigma = 16.0, 0.15
 grid = density.sphere_grid(L)
 rng = np.random.default_rng(0)
 coeffs = rng.standard_normal((L, L)) + 1j * rng.standard_normal((L, L))
@@ -219,7 +219,7 @@ L = 12 if SMOKE_TEST else 24
 grid = density.sphere_grid(L)
 x = np.asarray(grid.nodes).reshape(grid.shape + (3,))
 weights = np.asarray(grid.weights).reshape(grid.shape)
-rho0 = 1 + 0.2 * np.cos(3 * np.arctan2(x[..., 1], x[..., 0])) * (1 - x[..., 2] ** 2)
+rho0 = 1 + 0.5 * (x[..., 0] ** 3 - 3 * x[..., 0] * x[..., 1] ** 2)  # degree 3
 rho0 /= np.sum(rho0 * weights)
 Q, K, V = np.diag([1.0, 1.0, 3.0]), 2.0 * np.eye(3), np.eye(3)
 ts = np.linspace(0, 2.0, 5)
