@@ -203,7 +203,7 @@ fig = mf.plotting.plot_sphere_density(
 finish(fig, "11_sphere_maps")
 if not SMOKE_TEST:
     mf.plotting.animate_sphere_density(
-        sol, OUT / "11_sphere.gif", title=f"β = {beta:g}"
+        sol, OUT / "11_sphere.gif", max_frames=31, title=f"β = {beta:g}"
     )
 
 # %% [markdown]
