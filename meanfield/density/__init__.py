@@ -46,7 +46,7 @@ from ._zonal import ZonalSolution, simulate_zonal
 from ._zonal_grid import zonal_volumes
 from ._zonal_stationary import ZonalStationaryState, stationary_zonal
 from ._zonal_tokens import sample_zonal, zonal_angles, zonal_w1
-from ._zonal_transition import ZonalNoiseContinuation, noise_continuation_zonal
+from ._zonal_transition import noise_continuation_zonal
 
 __all__ = [
     "angles",
@@ -78,7 +78,6 @@ __all__ = [
     "stationary",
     "transition_type",
     "type_change_beta",
-    "ZonalNoiseContinuation",
     "ZonalSolution",
     "ZonalStationaryState",
     "noise_continuation_zonal",

@@ -85,6 +85,33 @@ def _check_representable(beta: float, attention: str) -> None:
         )
 
 
+def check_horizon(t1, saveat) -> tuple[float, np.ndarray]:
+    """The final time and the save times (T,) of a density solve, checked.
+
+    Raises:
+        ValueError: t1 not a positive finite number, or saveat not
+            non-decreasing times within [0, t1] (None saves 0 and t1).
+    """
+    t1 = real_scalar(t1, "t1")
+    if not (np.isfinite(t1) and t1 > 0):
+        raise ValueError(f"`t1` must be positive and finite; got {t1}.")
+    ts = np.array([0.0, t1]) if saveat is None else np.asarray(saveat, np.float64)
+    if (
+        ts.ndim != 1
+        or ts.size == 0
+        or not (np.all(np.diff(ts) >= 0) and ts[0] >= 0 and ts[-1] <= t1)
+    ):
+        raise ValueError(f"`saveat` must be non-decreasing times within [0, {t1}].")
+    return t1, ts
+
+
+def check_max_steps(max_steps) -> int:
+    """The step budget of a density solve: a positive integer (ValueError if not)."""
+    if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 1:
+        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
+    return int(max_steps)
+
+
 def _kernel_coefficients(N: int, beta: float, attention: str):
     """2 pi K^_k e^{ikh/2} / scale for k = 0..N/2: (denominator, numerator).
 
@@ -281,8 +308,7 @@ def simulate(
     _check_attention(attention)
     sigma = _check_sigma(sigma)
     check_tolerances(rtol, atol)
-    if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 1:
-        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
+    check_max_steps(max_steps)
     rho0 = np.asarray(rho0, np.float64)
     if rho0.ndim != 1 or rho0.shape[0] < 4:
         raise ValueError(f"`rho0` must have shape (N,), N >= 4; got {rho0.shape}.")
@@ -295,16 +321,7 @@ def simulate(
             f"`rho0` must have mass h sum rho0 = 1 (h = 2 pi / N); got {mass:.12g}: "
             "divide it by its mass."
         )
-    t1 = real_scalar(t1, "t1")
-    if not (np.isfinite(t1) and t1 > 0):
-        raise ValueError(f"`t1` must be positive and finite; got {t1}.")
-    ts = np.array([0.0, t1]) if saveat is None else np.asarray(saveat, np.float64)
-    if (
-        ts.ndim != 1
-        or ts.size == 0
-        or not (np.all(np.diff(ts) >= 0) and ts[0] >= 0 and ts[-1] <= t1)
-    ):
-        raise ValueError(f"`saveat` must be non-decreasing times within [0, {t1}].")
+    t1, ts = check_horizon(t1, saveat)
     cos_hat, sin_hat = _kernel_coefficients(N, beta, attention)
     with jax.enable_x64(True):
         out_ts, rho, result, steps = _solve(

@@ -64,13 +64,19 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 from scipy.special import ive
 
-from .._checks import check_tolerances, real_scalar
+from .._checks import check_tolerances
 from .._clock import diffeqsolve_in_jit
 from .._measures import Particles
 from .._progress import progress_meter
 from .._repr import fields_repr
 from . import _harmonics as sh
-from ._circle import _check_attention, _check_beta, _check_sigma
+from ._circle import (
+    _check_attention,
+    _check_beta,
+    _check_sigma,
+    check_horizon,
+    check_max_steps,
+)
 from ._funk_hecke import scaled_funk_hecke
 from ._harmonics import SphereGrid, grid_size, sphere_grid
 from ._ssp import end_step
@@ -361,11 +367,13 @@ class SphereSolution:
             i: index of the save time.
 
         Returns:
-            `mf.Particles` with x the nodes (M, 3) and weights (M,).
+            `mf.Particles` with x the nodes (M, 3) and weights (M,), in JAX's
+            default precision (float64 with x64 enabled).
         """
         w = self.grid.weights * np.maximum(self.rho[i].reshape(-1), 0)
-        with jax.enable_x64(True):
-            return Particles(self.grid.nodes, w / w.sum())
+        # In JAX's default precision, as every measure the engine builds: a
+        # float64 measure with x64 off would not run through `mf.simulate`.
+        return Particles(np.asarray(self.grid.nodes), w / w.sum())
 
 
 def _matrix(value, name: str) -> np.ndarray:
@@ -441,8 +449,7 @@ def simulate_sphere(
     _check_attention(attention)
     sigma = _check_sigma(sigma)
     check_tolerances(rtol, atol)
-    if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 1:
-        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
+    check_max_steps(max_steps)
     if beta is not None:
         beta = _check_beta(beta)
         strength = beta
@@ -486,16 +493,7 @@ def simulate_sphere(
             f"`rho0` must have mass sum w rho0 = 1; got {mass:.12g}: divide it by "
             "its mass."
         )
-    t1 = real_scalar(t1, "t1")
-    if not (np.isfinite(t1) and t1 > 0):
-        raise ValueError(f"`t1` must be positive and finite; got {t1}.")
-    ts = np.array([0.0, t1]) if saveat is None else np.asarray(saveat, np.float64)
-    if (
-        ts.ndim != 1
-        or ts.size == 0
-        or not (np.all(np.diff(ts) >= 0) and ts[0] >= 0 and ts[-1] <= t1)
-    ):
-        raise ValueError(f"`saveat` must be non-decreasing times within [0, {t1}].")
+    t1, ts = check_horizon(t1, saveat)
     softmax = attention == "softmax"
     # (1, L, 1): against the state (re/im, l, m).
     heat = (-0.5 * sigma**2 * sh.degrees(L) * (sh.degrees(L) + 1))[None]

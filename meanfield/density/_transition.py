@@ -170,6 +170,9 @@ def type_change_beta(
 class NoiseContinuation:
     """The order parameter along a sweep of the noise, from both sides.
 
+    On the circle (`noise_continuation`) or, for zonal states, on S^{d-1}
+    (`noise_continuation_zonal`).
+
     Attributes:
         sigma: the noises, shape (S,), increasing.
         from_uniform: order parameter continued with decreasing sigma from the
@@ -179,9 +182,13 @@ class NoiseContinuation:
         sigma_c: the linear threshold (`critical_noise`).
         converged: every state converged (`StationaryState.converged`: the
             iteration and the flux residual) and is stable.
-        residual: the largest flux residual of the states (`StationaryState`).
+        residual: the largest flux residual of the states (`StationaryState`,
+            `ZonalStationaryState`).
         beta: the inverse temperature.
         attention: "softmax" or "unnormalized".
+        d: the dimension of the tokens (on S^{d-1}): 2 on the circle
+            (`noise_continuation`), any d >= 2 for zonal states
+            (`noise_continuation_zonal`).
     """
 
     sigma: np.ndarray
@@ -192,6 +199,7 @@ class NoiseContinuation:
     residual: float
     beta: float
     attention: str
+    d: int = 2
 
     def __repr__(self) -> str:
         return fields_repr(
@@ -200,6 +208,7 @@ class NoiseContinuation:
             converged=self.converged,
             beta=self.beta,
             attention=self.attention,
+            d=self.d,
             sigma=self.sigma,
             from_uniform=self.from_uniform,
             from_cluster=self.from_cluster,

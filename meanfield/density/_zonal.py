@@ -40,7 +40,7 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import ArrayLike, Float
 
-from .._checks import check_tolerances, real_scalar
+from .._checks import check_tolerances
 from .._clock import diffeqsolve_in_jit
 from .._measures import Particles
 from .._progress import progress_meter
@@ -53,6 +53,8 @@ from ._circle import (
     _check_sigma,
     _minmod,
     _status,
+    check_horizon,
+    check_max_steps,
 )
 from ._funk_hecke import harmonic_dimension, legendre, scaled_funk_hecke, sphere_area
 from ._linear import _check_dimension
@@ -282,7 +284,8 @@ class ZonalSolution:
                 d >= 4; ignored for d = 2.
 
         Returns:
-            `Particles(x, weights)`, x of shape (N * per_ring, d), float64.
+            `Particles(x, weights)`, x of shape (N * per_ring, d), in JAX's
+            default precision (float64 with x64 enabled).
 
         Raises:
             ValueError: save time i not reached, bad `axis` or `per_ring`.
@@ -318,8 +321,9 @@ class ZonalSolution:
         ).reshape(N * k, d)
         mass = np.maximum(rho, 0) * self.volumes
         weights = np.repeat(mass / mass.sum(), k) / k
-        with jax.enable_x64(True):
-            return Particles(_frame(x, e), weights)
+        # In JAX's default precision, as every measure the engine builds: a
+        # float64 measure with x64 off would not run through `mf.simulate`.
+        return Particles(_frame(x, e), weights)
 
 
 def _check_rho(rho0, beta: float) -> np.ndarray:
@@ -391,8 +395,7 @@ def simulate_zonal(
     _check_representable(beta, attention)
     sigma = _check_sigma(sigma)
     check_tolerances(rtol, atol)
-    if isinstance(max_steps, bool) or int(max_steps) != max_steps or max_steps < 1:
-        raise ValueError(f"`max_steps` must be a positive integer; got {max_steps!r}.")
+    check_max_steps(max_steps)
     rho0 = _check_rho(rho0, beta)
     N = rho0.shape[0]
     grid = _grid(N, d, beta)
@@ -402,16 +405,7 @@ def simulate_zonal(
             f"`rho0` must have mass sum V_j rho0_j = 1; got {mass:.12g}: divide it "
             "by its mass."
         )
-    t1 = real_scalar(t1, "t1")
-    if not (np.isfinite(t1) and t1 > 0):
-        raise ValueError(f"`t1` must be positive and finite; got {t1}.")
-    ts = np.array([0.0, t1]) if saveat is None else np.asarray(saveat, np.float64)
-    if (
-        ts.ndim != 1
-        or ts.size == 0
-        or not (np.all(np.diff(ts) >= 0) and ts[0] >= 0 and ts[-1] <= t1)
-    ):
-        raise ValueError(f"`saveat` must be non-decreasing times within [0, {t1}].")
+    t1, ts = check_horizon(t1, saveat)
     softmax = attention == "softmax"
     # v = Z' / (beta Z): the e^{-beta} scaling cancels; unnormalised: Z' / beta.
     num = grid.gain / beta * (1.0 if softmax else np.exp(beta))

@@ -7,14 +7,12 @@ is discontinuous (`landau_coefficient` < 0), as on the circle (`_transition`).
 See [Stationary states on the sphere][math-sphere-stationary].
 """
 
-import dataclasses
-
 import numpy as np
 from jaxtyping import ArrayLike, Float
 
-from .._repr import fields_repr
 from ._linear import critical_noise
 from ._stationary import _PUSH, _check_iteration, _quiet
+from ._transition import NoiseContinuation
 from ._zonal_stationary import (
     _FIRST_ORDER,
     _ORDER_STEP,
@@ -26,58 +24,6 @@ from ._zonal_stationary import (
 )
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # array fields: no elementwise ==
-class ZonalNoiseContinuation:
-    """The order parameter along a sweep of the noise on S^{d-1}, from both sides.
-
-    Attributes:
-        sigma: the noises, shape (S,), increasing.
-        from_uniform: order parameter continued with decreasing sigma from the
-            uniform state (pushed along degree 1 at every step), shape (S,).
-        from_cluster: order parameter continued with increasing sigma from the
-            clustered state, shape (S,).
-        sigma_c: the linear threshold (`critical_noise`).
-        converged: every state converged (`ZonalStationaryState.converged`)
-            and is stable.
-        residual: the largest flux residual of the states.
-        beta: the inverse temperature.
-        attention: "softmax" or "unnormalized".
-        d: the dimension.
-    """
-
-    sigma: np.ndarray
-    from_uniform: np.ndarray
-    from_cluster: np.ndarray
-    sigma_c: float
-    converged: bool
-    residual: float
-    beta: float
-    attention: str
-    d: int
-
-    def __repr__(self) -> str:
-        return fields_repr(
-            self,
-            sigma_c=self.sigma_c,
-            converged=self.converged,
-            beta=self.beta,
-            attention=self.attention,
-            d=self.d,
-            sigma=self.sigma,
-            from_uniform=self.from_uniform,
-            from_cluster=self.from_cluster,
-        )
-
-    @property
-    def bistable(self) -> np.ndarray:
-        """The noises at which the two branches differ by more than 1e-3, (S,) bool.
-
-        At sigma_c itself the fixed point is degenerate, and Newton's tolerance
-        on the equation leaves the order parameter only to about sqrt(tol).
-        """
-        return np.abs(self.from_uniform - self.from_cluster) > 1e-3
-
-
 def noise_continuation_zonal(
     beta: float,
     sigmas: Float[ArrayLike, " S"],
@@ -86,7 +32,7 @@ def noise_continuation_zonal(
     N: int = 128,
     tol: float = 1e-12,
     max_iter: int = 20_000,
-) -> ZonalNoiseContinuation:
+) -> NoiseContinuation:
     """Stable zonal stationary states along sigma, continued from both sides.
 
     Down: from the uniform state at the largest sigma, each step from the
@@ -107,7 +53,7 @@ def noise_continuation_zonal(
         max_iter: as in `stationary_zonal`, per state.
 
     Returns:
-        A `ZonalNoiseContinuation` (sigma, from_uniform, from_cluster,
+        A `NoiseContinuation` (sigma, from_uniform, from_cluster,
         sigma_c, converged, residual, bistable).
 
     Raises:
@@ -144,7 +90,7 @@ def noise_continuation_zonal(
             out[i], ok = state.order, ok and state.converged and stable
             worst = max(worst, state.residual)
         branches.append(out)
-    return ZonalNoiseContinuation(
+    return NoiseContinuation(
         sigma=sig,
         from_uniform=branches[0],
         from_cluster=branches[1],
