@@ -52,7 +52,6 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import jax.random as jr
 import matplotlib
 
@@ -65,8 +64,6 @@ from meanfield import _io  # noqa: E402
 from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
 
 # Not exported (yet): the transforms and the band-limit rule.
-from meanfield.density._harmonics import analysis, synthesis  # noqa: E402
-from meanfield.density._sphere import min_band_limit  # noqa: E402
 
 UNIFORM = 1 / (4 * np.pi)
 
@@ -88,10 +85,9 @@ def initial_density(L: int, seed: int, amplitude: float) -> np.ndarray:
     """
     grid = mf.density.sphere_grid(L)
     xi = np.random.default_rng(seed).normal(size=grid.shape)
-    with jax.enable_x64(True):
-        a = np.array(analysis(grid, jnp.asarray(UNIFORM * (1 + amplitude * xi))))
-        a[0, 0] = 1 / np.sqrt(4 * np.pi)
-        return np.asarray(synthesis(grid, jnp.asarray(a)))
+    a = grid.coefficients(UNIFORM * (1 + amplitude * xi))
+    a[0, 0] = 1 / np.sqrt(4 * np.pi)
+    return grid.values(a)
 
 
 def formation_run(beta, sigma, L, seed, args):
@@ -151,7 +147,7 @@ def formation(args):
     records, keep = [], {}
     for sigma, L in ((0.0, args.L), (args.sigma, args.L_noisy)):
         for beta in args.betas:
-            if L < min_band_limit(beta):
+            if L < mf.density.min_band_limit(beta):
                 raise SystemExit(f"L = {L} < min_band_limit({beta})")
             lstar = mf.density.fastest_mode(beta, sigma=sigma, d=3)
             for seed in range(args.seeds):

@@ -16,7 +16,6 @@ import numpy as np
 
 from .. import density, plotting
 from .._noisy_solve import SDE_TOLERANCE
-from ..density._sphere import min_band_limit
 from . import density_sphere
 from .config import Key, boolean, choice, integer, number
 from .config import resolve as resolve_schema
@@ -158,10 +157,11 @@ def resolve_config(config: dict | None) -> dict:
             '"unnormalized" (its field, of size e^beta, is beyond float64 past it; '
             f'"softmax" takes any beta > 0); got {cfg["beta"]:g}.'
         )
-    if cfg["geometry"] == "sphere" and cfg["L"] < min_band_limit(cfg["beta"]):
+    need = density.min_band_limit(cfg["beta"])
+    if cfg["geometry"] == "sphere" and cfg["L"] < need:
         raise ValueError(
             f"`L` = {cfg['L']} is too small for beta = {cfg['beta']:g} on the sphere: "
-            f"the kernel e^(beta <x, y>) needs L >= {min_band_limit(cfg['beta'])}."
+            f"the kernel e^(beta <x, y>) needs L >= {need}."
         )
     if cfg["init"] == "uniform" and cfg["perturbation"] == 0:
         if cfg["noise"]["sigma"] == 0:

@@ -12,7 +12,6 @@ import jax
 import numpy as np
 
 from .. import density, plotting
-from ..density import _harmonics as sh
 from .report import Output, Result
 
 
@@ -39,8 +38,7 @@ def initial_density(cfg: dict, seed: int) -> np.ndarray:
     ell, m = np.arange(L)[:, None], np.arange(L)[None, :]
     coeffs = np.where((m <= ell) & (ell >= 1) & (ell <= L // 2), coeffs, 0)
     coeffs[:, 0] = coeffs[:, 0].real  # m = 0 of a real field
-    with jax.enable_x64(True):
-        field = np.array(sh.synthesis(grid, coeffs))
+    field = grid.values(coeffs)
     weights = np.asarray(grid.weights).reshape(grid.shape)
     field /= np.sqrt(np.sum(field**2 * weights) / (4 * np.pi))
     rho = base * np.clip(1 + cfg["perturbation"] * field, 0, None)

@@ -28,7 +28,7 @@ from ._circle import DensitySolution, cell_centres, simulate
 from ._harmonics import SphereGrid, sphere_grid
 from ._linear import critical_noise, fastest_mode, growth_rate
 from ._particles import simulate_particles, simulate_tokens
-from ._sphere import SphereSolution, simulate_sphere
+from ._sphere import SphereSolution, min_band_limit, simulate_sphere
 from ._sphere_clusters import count_sphere_clusters
 from ._sphere_tokens import sample_sphere, sphere_values
 from ._stationary import StationaryState, stationary
@@ -67,6 +67,7 @@ __all__ = [
     "sample_quantiles",
     "simulate",
     "simulate_sphere",
+    "min_band_limit",
     "SphereGrid",
     "SphereSolution",
     "sphere_grid",

@@ -29,6 +29,7 @@ Gradients use the table of d Pbar_l^m / d theta and i m / sin(theta).
 import functools
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Complex, Float
@@ -159,6 +160,38 @@ class SphereGrid(eqx.Module):
         xp = _xp(self.lat_weights)
         w = self.lat_weights[:, None] * xp.full((1, self.nlon), 2 * np.pi / self.nlon)
         return w.reshape(-1)
+
+    def coefficients(
+        self, values: Float[ArrayLike, "... nlat nlon"]
+    ) -> Complex[np.ndarray, "... L L"]:
+        """Spherical-harmonic coefficients a_lm of grid values, in float64.
+
+        The grid's quadrature of f conj(Y_lm) (`analysis`): the projection of f
+        on the degrees < L. Orthonormal Y_lm = Pbar_l^m(cos theta) e^{i m phi},
+        no Condon-Shortley phase; only m >= 0 is stored (f real).
+
+        Args:
+            values: real values at the nodes, shape (..., nlat, nlon).
+
+        Returns:
+            Complex coefficients, shape (..., L, L), indexed [l, m] (0 for m > l).
+        """
+        with jax.enable_x64(True):
+            return np.array(analysis(self, jnp.asarray(values, jnp.float64)))
+
+    def values(
+        self, coeffs: Complex[ArrayLike, "... L L"]
+    ) -> Float[np.ndarray, "... nlat nlon"]:
+        """Grid values of sum_lm a_lm Y_lm, in float64 (`synthesis`).
+
+        Args:
+            coeffs: complex coefficients, shape (..., L, L), indexed [l, m].
+
+        Returns:
+            Real values at the nodes, shape (..., nlat, nlon).
+        """
+        with jax.enable_x64(True):
+            return np.array(synthesis(self, jnp.asarray(coeffs, jnp.complex128)))
 
     def tangent_frame(self) -> tuple[Float[Array, "M 3"], Float[Array, "M 3"]]:
         """Unit vectors (e_theta, e_phi) at the nodes, shape (M, 3) each."""
