@@ -101,7 +101,6 @@ def test_measures_of_both_solvers_have_the_same_moments():
     # discretisation), here about the north pole axis.
     L, N = 24, 512
     grid = density.sphere_grid(L)
-    theta = np.asarray(grid.theta)
     rho0 = _grid_rho0(grid)
     full = density.simulate_sphere(rho0, 0.5, beta=BETA, rtol=1e-10, atol=1e-10)
     zonal = density.simulate_zonal(
