@@ -114,3 +114,40 @@ def test_measures_of_both_solvers_have_the_same_moments():
     second_a = np.einsum("i,ij,ik->jk", a.weights, a.x, a.x)
     second_b = np.einsum("i,ij,ik->jk", b.weights, b.x, b.x)
     np.testing.assert_allclose(second_a, second_b, atol=2e-5)
+
+
+def _bumps(grid, centres, width=20.0):
+    """A density of equal Gaussian-like bumps e^{width (<x, c> - 1)} at `centres`."""
+    x = np.asarray(grid.nodes).reshape(grid.shape + (3,))
+    rho = sum(np.exp(width * (x @ np.asarray(c, float) - 1)) for c in centres)
+    return rho / np.sum(rho * np.asarray(grid.weights).reshape(grid.shape))
+
+
+@pytest.mark.parametrize(
+    "centres, want",
+    [
+        ([[0, 0, 1]], 1),  # on the north pole: the first ring wraps around it
+        ([[0, 0, 1], [0, 0, -1]], 2),
+        ([[1, 0, 0], [-1, 0, 0], [0, 1, 0], [0, 0, 1]], 4),
+        # Across the date line phi = 0: one cluster, not two.
+        ([[np.cos(0.02), np.sin(0.02), 0], [np.cos(0.02), -np.sin(0.02), 0]], 1),
+        ([], 0),
+    ],
+)
+def test_count_sphere_clusters_joins_the_date_line_and_the_poles(centres, want):
+    grid = density.sphere_grid(24)
+    rho = (
+        _bumps(grid, centres)
+        if centres
+        else np.full(grid.shape, 1 / (4 * np.pi))  # uniform: none above 4x
+    )
+    assert density.count_sphere_clusters(rho) == want
+
+
+def test_count_sphere_clusters_refuses_bad_input():
+    with pytest.raises(ValueError, match="`rho`"):
+        density.count_sphere_clusters(np.ones(5))
+    with pytest.raises(ValueError, match="`level`"):
+        density.count_sphere_clusters(np.ones((4, 8)), level=1.0)
+    with pytest.raises(ValueError, match="`rho`"):
+        density.count_sphere_clusters(np.full((4, 8), np.nan))
