@@ -374,7 +374,7 @@ def resolve_solve(
     solver, adaptive = (_solver if noise is None else _noisy_solve.sde_solver)(solver)
     if noise is not None:
         _noisy_solve.check_solver_noise(solver, noise, normalization)
-    tol = 1e-6 if noise is None else _noisy_solve.SDE_TOLERANCE
+    tol = _noisy_solve.default_tolerance(noise is not None)
     rtol, atol = (tol if v is None else v for v in (rtol, atol))
     check_finite_times(t0=t0, t1=t1)
     if not float(t1) > float(t0):

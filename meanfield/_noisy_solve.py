@@ -59,6 +59,17 @@ SDE_PID = {"pcoeff": 0.1, "icoeff": 0.3}
 #: accepted when its local error, O(dt), is below the tolerance: 1e-6 would take
 #: ~1e6 steps per unit time.
 SDE_TOLERANCE = 1e-3
+#: The default rtol = atol of an ODE solve (`mf.simulate` without noise).
+ODE_TOLERANCE = 1e-6
+
+
+def default_tolerance(noisy: bool) -> float:
+    """The default rtol = atol of `mf.simulate` and the studies built on it.
+
+    ODE_TOLERANCE (1e-6) without noise; SDE_TOLERANCE (1e-3) with noise, whose
+    steps have local error O(dt) (1e-6 would take ~1e6 steps per unit time).
+    """
+    return SDE_TOLERANCE if noisy else ODE_TOLERANCE
 #: Rejected step ends an adaptive noisy solve remembers (to step back to them):
 #: more consecutive rejections end it as "failed" (the step floor comes first).
 REVISITS = 100

@@ -28,7 +28,7 @@ from .._dynamics import Solution
 from .._ensemble import ChunkLog, simulate_ensemble
 from .._measures import MaskedParticles, Particles
 from .._noise import AbstractNoise
-from .._noisy_solve import SDE_TOLERANCE
+from .._noisy_solve import default_tolerance
 from .._repr import fields_repr
 from .._status import SUCCESS
 
@@ -320,10 +320,9 @@ def phase_diagram(
     if noise is not None and noise_key is None:
         # Not split from `key`: the tokens below stay those of the noise-free run.
         noise_key = jr.fold_in(key, 1)
-    if rtol is None:
-        rtol = 1e-6 if noise is None else SDE_TOLERANCE
-    if atol is None:
-        atol = 1e-6 if noise is None else SDE_TOLERANCE
+    tol = default_tolerance(noise is not None)
+    rtol = tol if rtol is None else rtol
+    atol = tol if atol is None else atol
     x = jr.normal(key, (betas.size * systems, n, d), jnp.result_type(float))
     x = (x / jnp.linalg.norm(x, axis=-1, keepdims=True)).astype(dtype)
     if masked:
