@@ -188,9 +188,10 @@ def tile_sweep(
     """Seconds of one evaluation at (n, d) per kernel and tile shape.
 
     The library's blocked softmax takes block_q = 4 block_size and the fused one
-    64 x 64; this times the kernels themselves (`_kernels.blocked`, `_kernels.fused`)
-    over other shapes, to tune them on the device. Off a GPU the fused kernel is
-    interpreted: its rows only show that the path runs.
+    64 x 64; this times the kernels themselves (`blocked_softmax_average`,
+    `fused_softmax_average` of `meanfield.extend`) over other shapes, to tune them
+    on the device. Off a GPU the fused kernel is interpreted: its rows only show
+    that the path runs.
 
     Args:
         n: tokens.
@@ -207,11 +208,14 @@ def tile_sweep(
     """
     import jax.numpy as jnp
 
-    from meanfield._app.bench_cases import problem
-    from meanfield._app.bench_machine import floor_seconds
-    from meanfield._kernels import blocked, fused
+    from meanfield.extend import (
+        bench_problem,
+        blocked_softmax_average,
+        floor_seconds,
+        fused_softmax_average,
+    )
 
-    x, A, V = (jnp.asarray(a) for a in problem(n, d))
+    x, A, V = (jnp.asarray(a) for a in bench_problem(n, d))
     last = dict(estimates or {})  # kernel -> seconds of its last measured shape
     rows = []
     result = dict(n=n, d=d, floor=floor, rows=rows)
@@ -223,7 +227,10 @@ def tile_sweep(
         if time.perf_counter() + projected > deadline:
             row.update(status="skipped", reason="the sweep's time budget is spent")
             continue
-        average = {"blocked": blocked, "fused": fused}[kernel].softmax_average
+        average = {
+            "blocked": blocked_softmax_average,
+            "fused": fused_softmax_average,
+        }[kernel]
 
         @jax.jit
         def velocity(x, A, V, average=average, bq=bq, bk=bk):
@@ -250,8 +257,9 @@ def plot(result: dict):
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    from meanfield._app.bench_machine import floor_seconds
-    from meanfield._app.bench_report import COLORS, MARKERS
+    from meanfield.extend import BENCH_COLORS as COLORS
+    from meanfield.extend import BENCH_MARKERS as MARKERS
+    from meanfield.extend import floor_seconds
 
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     (ax_rate, ax_frac), (ax_tile, ax_text) = axes
@@ -486,8 +494,7 @@ def main(argv=None) -> int:
         sizes["tiles"]["n"] = args.tile_n
     start = time.perf_counter()
 
-    from meanfield._app.bench_report import device_name, use_agg
-    from meanfield._app.report import Output
+    from meanfield.extend import Output, device_name, use_agg
 
     use_agg()
     import accelerator_parts as parts  # noqa: E402 (beside this script)
@@ -548,8 +555,7 @@ def main(argv=None) -> int:
             log("b: n-scaling")
 
             def scaling():
-                from meanfield._app import bench, bench_config
-                from meanfield._app.bench_machine import measure_floor
+                from meanfield.extend import bench_run, measure_floor
 
                 entry = dict(status="running", stage="floor", sweep=None, tiles=None)
 
@@ -567,9 +573,9 @@ def main(argv=None) -> int:
                 # at least a quarter of what is left when part b starts.
                 sweep_end = end - 0.25 * max(0.0, end - time.perf_counter())
                 memory = device.get("memory_bytes")
-                max_bytes = 0.4 * memory if memory else 3 * bench_config.GIB
+                max_bytes = 0.4 * memory if memory else 3 * 2**30  # 3 GiB
                 s = sizes["scaling"]
-                sweep = bench.run(
+                sweep = bench_run(
                     s["ns"],
                     s["ds"],
                     s.get("impls", IMPLS),

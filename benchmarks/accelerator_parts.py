@@ -24,9 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import meanfield as mf
-from meanfield._attention.registry import FAMILIES
-from meanfield._status import SUCCESS
-from meanfield._status import name as status_name
+from meanfield.extend import FAMILIES
 
 #: Matmul precisions of the float32 runs: XLA's default (TF32 on recent NVIDIA
 #: GPUs) and full float32.
@@ -250,9 +248,11 @@ def sphere_solve(
         seconds_per_step=warm / int(num_steps),
         interactions_per_second=n * n * int(num_steps) / warm,
         max_norm_error=norm_error,
-        solve_status=status_name(result),
+        solve_status=mf.Status(int(result)).label,
         passed=bool(
-            int(num_steps) == steps and norm_error < 1e-5 and int(result) == SUCCESS
+            int(num_steps) == steps
+            and norm_error < 1e-5
+            and int(result) == mf.Status.SUCCESS
         ),
     )
 

@@ -21,8 +21,7 @@ jax.config.update("jax_enable_x64", True)
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield._app.bench_report import device_name, use_agg  # noqa: E402
-from meanfield._app.report import Output  # noqa: E402
+from meanfield.extend import Output, device_name, use_agg  # noqa: E402
 
 N, D, P = 7, 3, 5
 LS = (8, 16, 32, 64, 128, 256)

@@ -34,12 +34,11 @@ import jax.random as jr  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield._app.bench_report import device_name, use_agg  # noqa: E402
-from meanfield._app.report import Output  # noqa: E402
-from meanfield.clustering._antipodal import (  # noqa: E402
+from meanfield.clustering import (  # noqa: E402
     antipodal_probability,
     antipodal_threshold,
 )
+from meanfield.extend import Output, device_name, use_agg  # noqa: E402
 
 DIMS = (2, 3, 8)
 # Values model: rate sigma^2 / d = 1, so t1 = 40 is 40 units of the noise's clock.

@@ -33,8 +33,8 @@ import numpy as np  # noqa: E402
 from scipy.special import ive  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io, density  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield import density  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 BETA, T1, MODES, AMPLITUDE = 30.0, 20.0, 64, 1e-3
 
@@ -237,7 +237,7 @@ def plot(rows, finals, run, path):
         ax=axes[1, 1],
         title=f"staircase: n = 32, β = 16, {rows['staircase']['wall_s']:.0f} s",
     )
-    _io.savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -33,9 +33,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.bench_machine import measure_floor  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield.extend import (  # noqa: E402
+    manifest,
+    measure_floor,
+    savefig_atomic,
+    write_manifest,
+)
 
 T1 = 10.0
 STAGES = 6  # field evaluations per attempted Tsit5 step (FSAL)
@@ -145,7 +148,7 @@ def plot(rows, path):
     ax.set_ylabel("system·steps per second")
     ax.set_title(f"simulate_ensemble, softmax on the sphere, {platform.machine()} CPU")
     ax.legend(fontsize="small")
-    _io.savefig_atomic(fig, path, dpi=120)
+    savefig_atomic(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -33,9 +33,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
-from meanfield.gaussian._study import queue_slots  # noqa: E402
+from meanfield.extend import (  # noqa: E402
+    manifest,
+    queue_slots,
+    savefig_atomic,
+    write_manifest,
+)
 
 CHUNK = 65_536  # the study's default chunk_size
 
@@ -127,7 +130,7 @@ def plot(rows, path):
     ax.set_yscale("log")
     ax.set_title(f"mf.gaussian.blowup_times, {platform.machine()} CPU")
     ax.legend()
-    _io.savefig_atomic(fig, path, dpi=120, bbox_inches="tight")
+    savefig_atomic(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -33,8 +33,7 @@ import numpy as np  # noqa: E402
 from gaussian_blowup import VARIANTS  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 W_RATE = 0.3  # w of W = w I + noise
 
@@ -111,7 +110,7 @@ def plot(rows, path):
     ax.set_yscale("log")
     ax.set_title(f"blowup_times with/without ffn, {platform.machine()} CPU")
     ax.legend(fontsize="small")
-    _io.savefig_atomic(fig, path, dpi=120, bbox_inches="tight")
+    savefig_atomic(fig, path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -38,8 +38,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 A = np.array([[1.0, 0.3], [0.3, 0.6]])  # SPD (eigenvalues 1.17, 0.43)
 TOL = 1e-10  # rtol = atol of every adaptive solve
@@ -157,7 +156,7 @@ def plot(runs, fit, path):
         "x' = Γ(x) − x: softmax with βA against hardmax with A", fontsize="medium"
     )
     ax.legend(fontsize="x-small")
-    _io.savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -45,8 +45,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 
 def _warm(call):
@@ -322,7 +321,7 @@ def plot(traj, curves, path):
     )
     ax.legend()
     fig.tight_layout()
-    _io.savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
 

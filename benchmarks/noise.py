@@ -35,8 +35,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io, density  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield import density  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 
 def _warm(call):
@@ -202,7 +202,7 @@ def plot(rows, path):
         )
     ax.set_ylabel("seconds (warm)")
     ax.set_title(f"density, N = {den['N']}, β = {den['beta']:g}, t ≤ {den['t1']:g}")
-    _io.savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -28,9 +28,7 @@ from scipy.optimize import brentq  # noqa: E402
 from scipy.special import iv  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
-from meanfield.density._transition import (  # noqa: E402
+from meanfield.density import (  # noqa: E402
     cluster_branch,
     coexistence_noise,
     landau_coefficient,
@@ -38,6 +36,7 @@ from meanfield.density._transition import (  # noqa: E402
     transition_type,
     type_change_beta,
 )
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 ATTENTIONS = ("softmax", "unnormalized")
 # sigma / sigma_c: 61 noises from 0.305 to 1.505, none at the degenerate 1.
@@ -142,7 +141,7 @@ def plot(rows, change, path):
     ax.set_ylabel("κ: σ_c²/σ² = 1 + κ r² + O(r⁴)")
     ax.set_title("κ < 0: discontinuous (subcritical)", fontsize="small")
     ax.legend(fontsize="small")
-    _io.savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
 

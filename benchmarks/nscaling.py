@@ -16,7 +16,7 @@ import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 
-from meanfield._app.bench_report import main  # noqa: E402
+from meanfield.extend import bench_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(bench_main())

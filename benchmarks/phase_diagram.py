@@ -14,7 +14,7 @@ and the largest error of the merged-pair fraction (the diagram's value).
 
 The floor: every attempted Tsit5 step evaluates the field 6 times (plus one
 evaluation at the start), each n^2 exponentials; at the float32 exp rate
-measured in the same run (`meanfield._app.bench_machine.measure_floor`) those
+measured in the same run (`meanfield.extend.measure_floor`) those
 exponentials alone take `floor_s`, and `floor_fraction` = floor_s / wall.
 
     python benchmarks/phase_diagram.py [--betas 6] [--systems 2048]
@@ -45,10 +45,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.bench_machine import measure_floor  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
-from meanfield._app.phase_report import ODE_TOLERANCE  # noqa: E402
+from meanfield.extend import (  # noqa: E402
+    default_tolerance,
+    manifest,
+    measure_floor,
+    savefig_atomic,
+    write_manifest,
+)
 
 N, D, T1, SAVES = 32, 2, 30.0, 31
 KEY = jr.key(0)
@@ -143,7 +146,7 @@ def run(n_betas, systems, check, full):
     ref = ensemble(x0[pick], per_system[pick], rtol=1e-10, atol=1e-10, solver="dopri8")
     # The same solves as the diagram's: its tolerance without noise, in float32;
     # and the previous defaults' (lockstep, float64, 1e-5).
-    tol = dict(rtol=ODE_TOLERANCE, atol=ODE_TOLERANCE)
+    tol = dict(rtol=default_tolerance(False), atol=default_tolerance(False))
     row.update(tol)
     row["lockstep_rtol"] = BEFORE["rtol"]
     ours = ensemble(x0[pick].astype(np.float32), per_system[pick], **tol)
@@ -242,7 +245,7 @@ def plot(row, diagram, path):
     right.set_title(
         f"{len(row['betas'])} β × {row['systems']} systems, {platform.machine()} CPU"
     )
-    _io.savefig_atomic(fig, path, dpi=120)
+    savefig_atomic(fig, path, dpi=120)
     plt.close(fig)
 
 

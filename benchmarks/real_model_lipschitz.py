@@ -39,8 +39,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io, plotting  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield import plotting  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 LENGTHS = [16, 32, 64, 128, 256, 512]
 
@@ -215,7 +215,7 @@ def main():
             f"({study_res.dtype}, {device})",
         )
         name = f"real_model_lipschitz{suffix}_{device}.png"
-        _io.savefig_atomic(fig, out / name, dpi=120, bbox_inches="tight")
+        savefig_atomic(fig, out / name, dpi=120, bbox_inches="tight")
         plt.close(fig)
 
     for label, study_res in (("", res), ("masked ", masked)):

@@ -60,8 +60,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 # Not exported (yet): the transforms and the band-limit rule.
 
@@ -349,7 +348,7 @@ def plot(records, fits, merges, args, path):
         fontsize="small",
     )
     ax.legend(fontsize="x-small")
-    _io.savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -48,8 +48,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 D, BETA, T1 = 3, 9.0, 3.0
 PARTICLE_TOL = 1e-8  # the ODE far below the sampling error (as simulate_particles)
@@ -375,7 +374,7 @@ def plot(result, path):
         f"S², softmax β = {BETA:g}, t1 = {T1:g}: density vs tokens", fontsize="medium"
     )
     ax.legend(fontsize="x-small")
-    _io.savefig_atomic(fig, path, dpi=120)
+    savefig_atomic(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -35,9 +35,9 @@ the step loop (it did, holding several M x M copies where the nodes fit in a
 block or two): every right-hand side recomputes it in blocks, in O(M block)
 memory.
 
-The right-hand sides are timed through the solver's private field classes
-(`meanfield.density._sphere`, as tests/test_density_sphere.py does): the
-public solve reports only whole solves.
+The right-hand sides are timed through the solver's field classes, which
+`meanfield.extend` exposes (`SphereZonalField`, `SphereGeneralField`, as
+tests/test_density_sphere.py does): the public solve reports only whole solves.
 
     python benchmarks/sphere_harmonics.py [--L 128] [--tols 1e-8 1e-10]
         [--Ls 16 32 64 128] [--general-Ls 8 12 16 24 32] [--out DIR]
@@ -64,14 +64,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import meanfield as mf  # noqa: E402
-from meanfield import _io  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
-from meanfield.density import _harmonics as sh  # noqa: E402
-from meanfield.density._funk_hecke import scaled_funk_hecke  # noqa: E402
-from meanfield.density._sphere import (  # noqa: E402
-    _BLOCK_ELEMENTS,
-    _GeneralField,
-    _ZonalField,
+from meanfield.extend import (  # noqa: E402
+    SPHERE_BLOCK_ELEMENTS,
+    SphereGeneralField,
+    SphereZonalField,
+    manifest,
+    savefig_atomic,
+    scaled_funk_hecke,
+    sphere_synthesis,
+    write_manifest,
 )
 
 BETA, SIGMA, T1 = 9.0, 0.1, 20.0
@@ -112,7 +113,7 @@ def initial_coefficients(L: int, eps: float, seed: int) -> np.ndarray:
 def initial_density(L: int, eps: float, seed: int) -> np.ndarray:
     grid = mf.density.sphere_grid(L)
     return np.asarray(
-        sh.synthesis(grid, jnp.asarray(initial_coefficients(L, eps, seed)))
+        sphere_synthesis(grid, jnp.asarray(initial_coefficients(L, eps, seed)))
     )
 
 
@@ -178,7 +179,7 @@ def max_error(sol, ref) -> list[float]:
     L, Lr = sol.L, ref.L
     a = np.zeros((len(SAVES), Lr, Lr), complex)
     a[:, :L, :L] = sol.coeffs
-    rho = np.asarray(sh.synthesis(ref.grid, jnp.asarray(a)))
+    rho = np.asarray(sphere_synthesis(ref.grid, jnp.asarray(a)))
     err = np.max(np.abs(rho - ref.rho), axis=(-2, -1)) / np.max(ref.rho, axis=(-2, -1))
     return [float(e) for e in err[1:]]
 
@@ -225,7 +226,7 @@ def zonal_scaling(args, done: dict) -> dict:
             sol, rec = timed(zonal_solve(L, 1e-8, args), args.repeats)
             steps, status = sol.num_steps, sol.status
         grid = mf.density.sphere_grid(L)
-        model = _ZonalField(
+        model = SphereZonalField(
             jnp.asarray(scaled_funk_hecke(np.arange(L), BETA, 3)),
             jnp.asarray(1 / BETA),
             True,
@@ -288,8 +289,8 @@ def general_scaling(args) -> dict:
             ),
             args.repeats,
         )
-        block = int(max(1, min(M, _BLOCK_ELEMENTS // M)))  # as simulate_sphere
-        model = _GeneralField(
+        block = int(max(1, min(M, SPHERE_BLOCK_ELEMENTS // M)))  # as simulate_sphere
+        model = SphereGeneralField(
             jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V), True, block
         )
         a = jnp.asarray(initial_coefficients(L, args.eps, args.seed))
@@ -404,7 +405,7 @@ def plot(result, path):
     ax2.legend(fontsize="small")
     platform, cpus = result["manifest"]["device"]["platform"], result["load"]["cpus"]
     fig.suptitle(f"simulate_sphere on S², {platform} ({cpus} cores)")
-    _io.savefig_atomic(fig, path, dpi=120)
+    savefig_atomic(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -28,8 +28,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from meanfield import _io, density  # noqa: E402
-from meanfield._app.manifest import manifest, write_manifest  # noqa: E402
+from meanfield import density  # noqa: E402
+from meanfield.extend import manifest, savefig_atomic, write_manifest  # noqa: E402
 
 D = 3
 # (attention, beta, nodes): the unnormalised cluster at beta = 8 and 0.3 sigma_c
@@ -101,7 +101,7 @@ def plot(rows, path):
         ax.legend(fontsize="small")
         ax.set_xlim(RATIOS[0], RATIOS[-1])
         ax.set_ylim(-0.02, 1.0)
-    _io.savefig_atomic(fig, path, dpi=110)
+    savefig_atomic(fig, path, dpi=110)
     plt.close(fig)
 
 

@@ -67,6 +67,7 @@ _NAMESPACES = (
     "bert",
     "clustering",
     "density",
+    "extend",
     "gaussian",
     "lipschitz",
     "plotting",
@@ -97,7 +98,16 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
-    from . import bert, clustering, density, gaussian, lipschitz, plotting, wasserstein
+    from . import (
+        bert,
+        clustering,
+        density,
+        extend,
+        gaussian,
+        lipschitz,
+        plotting,
+        wasserstein,
+    )
     from ._attention.base import AbstractAttention, AbstractKernelAttention
     from ._attention.hardmax import HardmaxAttention
     from ._attention.ill_posed import (

@@ -70,6 +70,8 @@ def default_tolerance(noisy: bool) -> float:
     steps have local error O(dt) (1e-6 would take ~1e6 steps per unit time).
     """
     return SDE_TOLERANCE if noisy else ODE_TOLERANCE
+
+
 #: Rejected step ends an adaptive noisy solve remembers (to step back to them):
 #: more consecutive rejections end it as "failed" (the step floor comes first).
 REVISITS = 100

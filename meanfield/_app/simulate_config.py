@@ -29,11 +29,16 @@ from .._attention import FAMILIES
 from .._attention.base import BLOCKING
 from .._block import Block
 from .._dynamics import SOLVERS
-from .._noise import CommonNoise, IndependentNoise
-from .._noisy_solve import SDE_SOLVERS, SDE_TOLERANCE
+from .._noisy_solve import (
+    ODE_TOLERANCE,
+    SDE_SOLVERS,
+    SDE_TOLERANCE,
+    default_tolerance,
+)
 from . import config as _config
 from .config import Key, boolean, choice, integer, number, one_of, optional, or_else
 from .feedforward_config import FEEDFORWARD, build_feedforward, finish_feedforward
+from .noise_config import check_sigma_in_dtype, is_noisy, noise_table
 from .param_config import as_matrix, as_vector, only_for, param
 from .positional_config import (
     check_positions,
@@ -48,10 +53,6 @@ NORMALIZATIONS = ("sphere", "none", "pre-ln", "peri-ln", "ngpt")
 DTYPES = ("float32", "float64")
 ANIMATIONS = ("gif", "mp4", "none")
 SINKHORN_KERNELS = ("dot", "l2")
-#: `[noise] kind` -> the noise of `mf.simulate` (None: no noise, the ODE).
-NOISES = {"none": None, "independent": IndependentNoise, "common": CommonNoise}
-#: The normalizations a noise is defined with (`mf.simulate`'s None and "sphere").
-NOISY_NORMALIZATIONS = ("none", "sphere")
 #: Solvers of a noisy run by name, and those of them that need `dt0`.
 SDE_SOLVER_NAMES = tuple(SDE_SOLVERS)
 SDE_FIXED_STEP = tuple(
@@ -59,8 +60,6 @@ SDE_FIXED_STEP = tuple(
     for name, solver in SDE_SOLVERS.items()
     if not issubclass(solver, dfx.AbstractAdaptiveSolver)
 )
-#: Default tolerance of the adaptive step-size control without noise.
-ODE_TOLERANCE = 1e-6
 # As the reference page writes them: `"euler"`, ... and 1e-6, 1e-3.
 _FIXED_NAMES = ", ".join(f'`"{name}"`' for name in SDE_FIXED_STEP)
 _ODE_TOL, _SDE_TOL = (
@@ -97,53 +96,6 @@ def _k_rows(cfg) -> int:
     return len(cfg["Q"]) if isinstance(cfg["Q"], list) else cfg["d"]
 
 
-def is_noisy(cfg) -> bool:
-    """Whether a (partly) resolved configuration has a noise."""
-    return cfg["noise"]["kind"] != "none"
-
-
-def noise_kind(value, key, cfg):
-    """`[noise] kind`: a key of NOISES; a noise only with normalization none/sphere."""
-    value = choice(NOISES)(value, key, cfg)
-    if value != "none" and cfg["normalization"] not in NOISY_NORMALIZATIONS:
-        raise ValueError(
-            f'`{key}` = "{value}" needs `normalization` = "none" or "sphere" (a '
-            f'noise is defined in R^d and on the sphere); got "{cfg["normalization"]}".'
-        )
-    return value
-
-
-def noise_sigma(value, key, cfg):
-    """`[noise] sigma`: a number >= 0, positive only with a noise `kind`."""
-    value = number()(value, key, cfg)
-    if value < 0:
-        raise ValueError(f"`{key}` must be >= 0; got {value}.")
-    if value > 0 and cfg["kind"] == "none":
-        raise ValueError(
-            f'`{key}` = {value} needs `noise.kind` = "independent" or "common"; '
-            'got "none".'
-        )
-    return value
-
-
-def check_sigma_in_dtype(cfg) -> None:
-    """`noise.sigma` of a resolved configuration is a finite number of its `dtype`.
-
-    The run holds sigma in its dtype: 1e300 is inf in float32, which the noise
-    refuses once the run has started (`dtype` may be resolved after `[noise]`).
-
-    Raises:
-        ValueError: sigma above the largest number of `dtype` (one line).
-    """
-    sigma, dtype = cfg["noise"]["sigma"], cfg["dtype"]
-    largest = float(jnp.finfo(dtype).max)
-    if sigma > largest:
-        raise ValueError(
-            f"`noise.sigma` must be <= {largest:.6g}, the largest {dtype} "
-            f'(`dtype` = "{dtype}"); got {sigma}.'
-        )
-
-
 def _solver(value, key, cfg):
     noisy = is_noisy(cfg)
     if value is None:
@@ -158,7 +110,7 @@ def _solver(value, key, cfg):
 
 
 def _tolerance(cfg) -> float:
-    return SDE_TOLERANCE if is_noisy(cfg) else ODE_TOLERANCE
+    return default_tolerance(is_noisy(cfg))
 
 
 def _dt0(value, key, cfg):
@@ -234,31 +186,12 @@ SCHEMA: dict = {
         "float32",
         doc=f"Floating-point precision of the tokens and matrices: {one_of(DTYPES)}.",
     ),
-    "noise": {
-        "kind": Key(
-            noise_kind,
-            "none",
-            doc='Brownian forcing of the tokens: `"none"`, `"independent"` (each '
-            "token its own Brownian motion, dx_i = Γ(x_i) dt + σ dW^i) or "
-            '`"common"` (one matrix Brownian motion B for all tokens, dx_i = '
-            "Γ(x_i) dt + σ dB x_i); only with `normalization` = "
-            '`"none"` or `"sphere"` (projected on the sphere).',
-        ),
-        "sigma": Key(
-            noise_sigma,
-            0.0,
-            doc="Noise level σ ≥ 0, finite in `dtype` (at most 3.4e38 in "
-            'float32); positive only with `kind` = `"independent"` or `"common"`.',
-        ),
-        "seed": Key(
-            integer(0),
-            0,
-            doc="Seed of the Brownian path, ≥ 0 (`--seed` draws the initial "
-            "tokens): segment k, counted from 0, runs on the path of the key "
-            "jax.random.fold_in(jax.random.key(seed), k), so the path depends "
-            "on `segments` and a resumed run repeats the uninterrupted one.",
-        ),
-    },
+    "noise": noise_table(
+        "Seed of the Brownian path, ≥ 0 (`--seed` draws the initial "
+        "tokens): segment k, counted from 0, runs on the path of the key "
+        "jax.random.fold_in(jax.random.key(seed), k), so the path depends "
+        "on `segments` and a resumed run repeats the uninterrupted one."
+    ),
     "solver": Key(
         _solver,
         doc=f'Solver without noise: {one_of(SOLVERS)}, adaptive except `"euler"`; '
@@ -481,20 +414,6 @@ def _finish_attention(att: dict) -> dict:
 def normalization_of(cfg: dict) -> str | None:
     """The `normalization` argument of `mf.simulate` for a configuration's key."""
     return None if cfg["normalization"] == "none" else cfg["normalization"]
-
-
-def build_noise(cfg: dict):
-    """The noise of a resolved configuration (None for `kind` = "none").
-
-    Args:
-        cfg: a resolved configuration (`resolve_config`).
-
-    Returns:
-        `mf.IndependentNoise(sigma)`, `mf.CommonNoise(sigma)` or None: as a
-        script would build it (sigma a Python float; the tokens' dtype wins).
-    """
-    family = NOISES[cfg["noise"]["kind"]]
-    return None if family is None else family(cfg["noise"]["sigma"])
 
 
 def build_attention(cfg: dict, dtype):

@@ -30,7 +30,8 @@ from .. import _io, _status
 from .._dynamics import Solution, simulate
 from .._measures import MaskedParticles, Particles
 from .._normalization import ON_SPHERE
-from .simulate_config import build_field, build_noise, normalization_of
+from .noise_config import build_noise
+from .simulate_config import build_field, normalization_of
 
 #: The checkpoint's file name in the output directory.
 CHECKPOINT = "checkpoint.npz"
