@@ -200,7 +200,7 @@ class QueueOut(eqx.Module):
 
 
 @eqx.filter_jit
-def queue_solve(
+def run_particle_queue(
     systems,
     batched: tuple[bool, bool],
     t0,
@@ -459,7 +459,7 @@ def solve(systems, batched, resolved, redo):
     """B systems: the queue, then `redo(indices)` for those it did not end cleanly.
 
     Args:
-        systems: (measures, attn, noise, keys) as `queue_solve`'s; the
+        systems: (measures, attn, noise, keys) as `run_particle_queue`'s; the
             measures as `simulate_ensemble`'s.
         batched: whether the attention and the noise carry the batch axis.
         resolved: (the `_dynamics.SolveInputs` every system shares, the
@@ -478,7 +478,7 @@ def solve(systems, batched, resolved, redo):
     save_s = saves_on_clock(fractions, inputs.length, measures.x.dtype)
     # With a noise the steps end at the user's save times (`sde_controller`).
     step_ts = save_s if noise is not None and fractions is not None else None
-    out = queue_solve(
+    out = run_particle_queue(
         systems,
         batched,
         inputs.t0,

@@ -18,7 +18,7 @@ from scipy.integrate import solve_ivp
 
 import meanfield as mf
 from meanfield import _status
-from meanfield._queue_solver import OUT_OF_STEPS, _rodas4_step, solve_queue
+from meanfield._ode_queue import OUT_OF_STEPS, _rodas4_step, solve_ode_queue
 
 # A d = 2 softmax run that collapses to a huge steady rank-one Sigma (lambda_max
 # ~ 3e9, u^T A u = 0): a threshold test alone reported it as a blow-up at t = 0.52.
@@ -49,14 +49,14 @@ def _softmax_batch(As, Vs):
     )
 
 
-def test_queue_solver_matches_exact_decay_and_compacts():
+def test_ode_queue_matches_exact_decay_and_compacts():
     # y' = -lam y on t in [0, 1]: y(1) = e^{-lam}; rates over 3 decades, so the
     # step counts differ and finished runs must leave their slots.
     n, slots = 2000, 64
     lam = jnp.asarray(np.geomspace(0.01, 30.0, n))
     y0 = jnp.stack([jnp.ones(n), jnp.zeros(n)], axis=1)
     out = jax.jit(
-        lambda y0, lam: solve_queue(
+        lambda y0, lam: solve_ode_queue(
             lambda y, p: jnp.stack([-p * y[0], jnp.ones_like(y[0])]),
             lambda y, f, yp, fp, p, steps: jnp.where(y[1] >= 1 - 1e-12, 1, 0).astype(
                 jnp.int32
@@ -86,8 +86,8 @@ def test_queue_solver_matches_exact_decay_and_compacts():
     assert int(out.iterations) < 0.6 * (n / slots) * steps.max()
 
 
-def test_queue_solver_reports_the_step_budget():
-    out = solve_queue(
+def test_ode_queue_reports_the_step_budget():
+    out = solve_ode_queue(
         lambda y, p: -p * y,
         lambda y, f, yp, fp, p, steps: jnp.int32(0),  # never stops
         lambda y, f, p: jnp.inf,
@@ -123,13 +123,13 @@ def test_rodas_step_has_order_four_and_damps_stiff_modes():
     assert local_error(lambda y, p: -1e12 * y, lambda h: 0.0, 1.0) < 1e-10
 
 
-def test_queue_solver_rodas_steps_over_stiff_decay():
+def test_ode_queue_rodas_steps_over_stiff_decay():
     # y' = -lam (y - cos t) - sin t: y = cos t + (y0 - 1) e^{-lam t}. An explicit
     # method needs ~lam steps; RODAS resolves a transient it can see (lam = 1e3:
     # ~log(1 / atol) / (h lam) steps) and steps over one far below atol.
     lam = jnp.array([1.0, 1e3, 1e6, 1e9, 1.0, 1.0])
     y0 = jnp.stack([jnp.full(6, 2.0), jnp.zeros(6)], axis=1)
-    out = solve_queue(
+    out = solve_ode_queue(
         lambda y, p: jnp.stack(
             [-p * (y[0] - jnp.cos(y[1])) - jnp.sin(y[1]), jnp.ones_like(y[0])]
         ),

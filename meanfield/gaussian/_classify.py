@@ -17,7 +17,7 @@ from jaxtyping import Array, Float, Int
 from .. import _status
 from .._batching import map_runs
 from .._linalg import safe_eigh
-from .._queue_solver import OUT_OF_STEPS, STEP_UNDERFLOW, solve_queue
+from .._ode_queue import OUT_OF_STEPS, STEP_UNDERFLOW, solve_ode_queue
 from . import _frame, _scale_shape
 from ._ode import _value_rate
 
@@ -183,7 +183,7 @@ def _classify(
     def retry(field, stop, y_from, handed, *, method, share, slot_share):
         """Solve the `handed` runs again from `y_from`; (result, handed & ended)."""
         order = jnp.argsort(~handed, stable=True)  # the handed runs first
-        redo = solve_queue(
+        redo = solve_ode_queue(
             field,
             stop,
             max_step,
@@ -245,7 +245,7 @@ def _classify(
         # in the frame throughout, with the budget of the explicit pass. (An
         # implicit second pass for the runs it cannot end would double the
         # compilation of every L2 and Sinkhorn study; see docs/math/blowup.md.)
-        out = solve_queue(
+        out = solve_ode_queue(
             frame_clock,
             stop_rule(clock_speed, frame_drift, resolution=True),
             max_step,
@@ -265,7 +265,7 @@ def _classify(
     # rate clock crawls in t (dt/ds = 1 / |B|), and the explicit error keeps the
     # fast modes (rates ~|B| in t) excited at the tolerance, so the drift never
     # falls below the stationary test.
-    out = solve_queue(
+    out = solve_ode_queue(
         rate_clock,
         stop_rule(
             clock_speed, lambda y, f, p: clock_drift(y, f) / f[-2], resolution=True

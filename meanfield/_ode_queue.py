@@ -1,4 +1,8 @@
-"""Adaptive one-step solvers over a work queue of many small ODEs.
+"""Adaptive one-step solvers over a work queue of many small ODEs (`solve_ode_queue`).
+
+The queue of the Gaussian studies (`gaussian._classify`): each run is a small
+moment ODE. Particle ensembles have their own queue of systems,
+`_ensemble_queue.run_particle_queue`.
 
 A vmapped diffrax solve steps all its members in lockstep until the slowest one
 ends, so a batch costs (batch size) x (longest run). Here a fixed number of slots
@@ -137,7 +141,7 @@ def _rodas4_step(field, y, f0, p, h):
 _METHODS = {"dopri5": (_dopri5_step, 1 / 5), "rodas4": (_rodas4_step, 1 / 4)}
 
 
-def solve_queue(
+def solve_ode_queue(
     field: Callable,
     stop: Callable,
     max_step: Callable,
