@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 
 ENV = "MEANFIELD_COMPILATION_CACHE"
-_OFF = ("0", "off", "false", "no")
+OFF = ("0", "off", "false", "no")
 #: Cache programs whose compilation took at least this long. JAX's default (1 s)
 #: would skip most of a study's programs, which compile in 0.1-1 s each.
 MIN_COMPILE_SECONDS = 0.1
@@ -55,7 +55,7 @@ def enable() -> Path | None:
     given = jax.config.jax_compilation_cache_dir
     if given:
         path = Path(given)
-    elif setting.lower() in _OFF:
+    elif setting.lower() in OFF:
         path = None
     else:
         path = Path(setting).expanduser() if setting else default_dir()

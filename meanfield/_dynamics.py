@@ -129,7 +129,7 @@ class SolveInputs(NamedTuple):
     """The traced inputs of a solve that every system of an ensemble shares.
 
     Scalars in the tokens' dtype unless said; None where the solve has none.
-    From `resolve_solve`; `_solve` takes them after a system's own measure,
+    From `resolve_solve`; `solve_dynamics` takes them after a system's own measure,
     attention, noise and key.
 
     Attributes:
@@ -157,7 +157,7 @@ class SolveInputs(NamedTuple):
     log_radius: Array
 
 
-def _velocity_field(attn, measure, normalization, alpha, t0, rate):
+def velocity_field(attn, measure, normalization, alpha, t0, rate):
     """(s, state) -> d state / ds on the solver clock (`_clock`), state = (x, flags).
 
     The field is rate Gamma(t) at t = t0 + s rate (rate = dt/ds). flags integrates two
@@ -337,7 +337,7 @@ def simulate(
         noise=noise,
         key=key,
     )
-    sol = _solve(*args, **kwargs)
+    sol = solve_dynamics(*args, **kwargs)
     # The checks of the tokens and sigma made on the host, for traced ones.
     return mark_invalid_start(sol, measure.x, normalization, blowup_radius, noise)
 
@@ -364,7 +364,7 @@ def resolve_solve(
 ):
     """`simulate`'s checks and the arguments of its compiled solve.
 
-    Returns (measure, args, kwargs) with `_solve(*args, **kwargs)` the solve:
+    Returns (measure, args, kwargs) with `solve_dynamics(*args, **kwargs)` the solve:
     args = (measure, attn, noise, key, `SolveInputs`). Raises what `simulate`
     raises. `mf.simulate_ensemble` resolves its options here once for all its
     members.
@@ -439,7 +439,7 @@ def resolve_solve(
 
 
 @eqx.filter_jit
-def _solve(
+def solve_dynamics(
     measure,
     attn,
     noise,
@@ -502,7 +502,7 @@ def _solve(
     bisection = SignBisection(rtol=64 * float(jnp.finfo(dtype).eps), atol=1e-30)
     meter = progress_meter(progress)
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
-    terms = dfx.ODETerm(_velocity_field(attn, measure, normalization, alpha, t0, rate))
+    terms = dfx.ODETerm(velocity_field(attn, measure, normalization, alpha, t0, rate))
     if noise is not None:  # drift and diffusion (`_noisy_solve`)
         if normalization in ON_SPHERE:
             solver = _noisy_solve.on_sphere(solver)

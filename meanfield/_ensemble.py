@@ -25,7 +25,7 @@ import numpy as np
 from . import _ensemble_queue
 from ._attention.base import AbstractAttention
 from ._checks import check_finite_times, is_traced
-from ._dynamics import Solution, _solve, resolve_solve, simulate
+from ._dynamics import Solution, resolve_solve, simulate, solve_dynamics
 from ._measures import AbstractParticles
 from ._noise import AbstractNoise
 from ._simulate_inputs import (
@@ -445,13 +445,13 @@ def _solve_chunk(measures, attn, noise, keys, batched, resolved, reduce):
 
     `batched` says whether the attention and the noise carry the batch axis;
     `keys` (one per system) is None without noise. `resolved` is (the
-    `SolveInputs` every system shares, the blow-up radius, `_dynamics._solve`'s
+    `SolveInputs` every system shares, the blow-up radius, `_dynamics.solve_dynamics`'s
     keywords), from `resolve_solve`.
     """
     inputs, radius, options = resolved
 
     def solve(m, a, nz, k):
-        sol = _solve(m, a, nz, k, inputs, **options)
+        sol = solve_dynamics(m, a, nz, k, inputs, **options)
         # simulate's per-member checks of traced tokens and sigma.
         return mark_invalid_start(sol, m.x, options["normalization"], radius, nz)
 

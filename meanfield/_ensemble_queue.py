@@ -9,7 +9,7 @@ reached t1 writes its result and takes the next system of the queue
 (compaction): a chunk costs about (total steps) / slots + the longest solve.
 
 Each slot runs exactly `simulate`'s algorithm: the same vector field
-(`_dynamics._velocity_field`, on the same solver clock), the solver's own
+(`_dynamics.velocity_field`, on the same solver clock), the solver's own
 `step`, the same step-size controller and error norm, diffrax's clipping to the
 end of the interval and its dense output at the save times. A system that does not
 reach t1 cleanly (an event: the blow-up radius or the "blowing up" flag; the step
@@ -29,7 +29,7 @@ import numpy as np
 import optimistix as optx
 
 from . import _noisy_solve, _small_field, _status
-from ._dynamics import Solution, _velocity_field, measure_on_sphere
+from ._dynamics import Solution, measure_on_sphere, velocity_field
 from ._events import stop_condition
 from ._linalg import last_axis_sum, row_norms
 from ._normalization import ON_SPHERE
@@ -94,7 +94,7 @@ class _Problem(eqx.Module):
         attn = self.attn
         if _small_field.applies(attn, self.normalization):
             attn = _small_field.SmallSoftmax(attn)
-        field = _velocity_field(
+        field = velocity_field(
             attn, self.measure, self.normalization, self.alpha, self.t0, self.rate
         )
         if self.noise is None:
@@ -463,7 +463,7 @@ def solve(systems, batched, resolved, redo):
             measures as `simulate_ensemble`'s.
         batched: whether the attention and the noise carry the batch axis.
         resolved: (the `_dynamics.SolveInputs` every system shares, the
-            blow-up radius, `_dynamics._solve`'s keywords), from
+            blow-up radius, `_dynamics.solve_dynamics`'s keywords), from
             `_dynamics.resolve_solve`.
         redo: indices (k,) -> the vmapped `simulate` of those systems (a
             `Solution` with batch axis k).

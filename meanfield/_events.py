@@ -41,7 +41,7 @@ def stop_condition(log_radius, dtype):
     """The event's condition (s, y) -> scalar, positive once the solve must stop.
 
     max(log max_i |x_i| - log R, |F| - tiny), F the integrated "blowing up" flag
-    (`_dynamics._velocity_field`): one scalar, so bisection on its sign finds the
+    (`_dynamics.velocity_field`): one scalar, so bisection on its sign finds the
     first crossing in the step (no Jacobian or linear solve to compile, unlike
     Newton). The log keeps it O(1) in float32. F is 0 until the first flagged step,
     then ~ c (s - s_flag), so its root is the flag time. (A boolean condition would

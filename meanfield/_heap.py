@@ -25,7 +25,7 @@ import ctypes
 import os
 import sys
 
-from ._compile_cache import _OFF  # the same opt-out words
+from ._compile_cache import OFF  # the same opt-out words
 
 ENV = "MEANFIELD_HEAP_TOP_PAD"
 #: Padding kept at the heap top (bytes).
@@ -54,7 +54,7 @@ def keep_top() -> int | None:
         return _state["pad"]
     _state["pad"] = None
     setting = os.environ.get(ENV, "").strip().lower()
-    if setting in _OFF:
+    if setting in OFF:
         return None
     try:
         pad = int(setting) if setting else TOP_PAD

@@ -26,7 +26,7 @@ from jaxtyping import Array, ArrayLike, Float
 from ._checks import is_traced
 
 
-def _as_sigma(sigma: ArrayLike) -> Array:
+def as_sigma(sigma: ArrayLike) -> Array:
     """Sigma as a float array; ValueError when concrete and not a finite scalar >= 0."""
     try:
         if isinstance(sigma, str | bytes):  # jnp.asarray reads "0.1" as characters
@@ -100,7 +100,7 @@ class IndependentNoise(AbstractNoise):
     sigma: Array
 
     def __init__(self, sigma: ArrayLike):
-        self.sigma = _as_sigma(sigma)
+        self.sigma = as_sigma(sigma)
 
     def brownian_shape(self, n: int, d: int) -> tuple[int, ...]:
         return (n, d)
@@ -141,7 +141,7 @@ class CommonNoise(AbstractNoise):
     sigma: Array
 
     def __init__(self, sigma: ArrayLike):
-        self.sigma = _as_sigma(sigma)
+        self.sigma = as_sigma(sigma)
 
     def brownian_shape(self, n: int, d: int) -> tuple[int, ...]:
         return (d, d)

@@ -1,6 +1,6 @@
 """The stochastic particle solve: SDE terms, solvers and Brownian path of a noisy run.
 
-`_dynamics._solve` integrates, beside the drift of `_dynamics._velocity_field`, a
+`_dynamics.solve_dynamics` integrates, beside the drift of `_dynamics.velocity_field`, a
 diffusion term driven by a `diffrax.VirtualBrownianTree` on the solver clock
 (`_clock`): with t = t0 + s rate, W_t - W_t0 = sqrt(rate) (W_s - W_0), so the
 diffusion on the clock is sqrt(rate) sigma g(x). The tree resolves the path to

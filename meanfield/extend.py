@@ -58,7 +58,7 @@ _NAMES = {
     "check_param_shapes": ("._attention.base", "check_param_shapes"),
     "check_blocking": ("._attention.base", "check_blocking"),
     # Noises.
-    "as_sigma": ("._noise", "_as_sigma"),
+    "as_sigma": ("._noise", "as_sigma"),
     # Normalisations.
     "NORMALIZATIONS": ("._normalization", "NORMALIZATIONS"),
     "ON_SPHERE": ("._normalization", "ON_SPHERE"),
@@ -70,9 +70,9 @@ _NAMES = {
     "blocked_softmax_average": ("._kernels.blocked", "softmax_average"),
     "fused_softmax_average": ("._kernels.fused", "softmax_average"),
     # The density on S^2.
-    "SphereZonalField": (".density._sphere", "_ZonalField"),
-    "SphereGeneralField": (".density._sphere", "_GeneralField"),
-    "SPHERE_BLOCK_ELEMENTS": (".density._sphere", "_BLOCK_ELEMENTS"),
+    "SphereZonalField": (".density._sphere", "ZonalField"),
+    "SphereGeneralField": (".density._sphere", "GeneralField"),
+    "SPHERE_BLOCK_ELEMENTS": (".density._sphere", "BLOCK_ELEMENTS"),
     "sphere_synthesis": (".density._harmonics", "synthesis"),
     "scaled_funk_hecke": (".density._funk_hecke", "scaled_funk_hecke"),
     # Gaussian studies.
@@ -185,7 +185,7 @@ if TYPE_CHECKING:  # static analysers, IDEs and the API reference see the import
     from ._kernels import blocked as _blocked
     from ._kernels import fused as _fused
     from ._linalg import row_norms
-    from ._noise import _as_sigma as as_sigma
+    from ._noise import as_sigma
     from ._noisy_solve import default_tolerance
     from ._normalization import NORMALIZATIONS, ON_SPHERE, needs_directions
     from ._normalization import layer as normalized_layer
@@ -193,9 +193,9 @@ if TYPE_CHECKING:  # static analysers, IDEs and the API reference see the import
     from ._params import as_param
     from .density._funk_hecke import scaled_funk_hecke
     from .density._harmonics import synthesis as sphere_synthesis
-    from .density._sphere import _BLOCK_ELEMENTS as SPHERE_BLOCK_ELEMENTS
-    from .density._sphere import _GeneralField as SphereGeneralField
-    from .density._sphere import _ZonalField as SphereZonalField
+    from .density._sphere import BLOCK_ELEMENTS as SPHERE_BLOCK_ELEMENTS
+    from .density._sphere import GeneralField as SphereGeneralField
+    from .density._sphere import ZonalField as SphereZonalField
     from .gaussian._study import queue_slots
 
     # Assignments, not `from ... import ... as`: the API reference (griffe) cannot

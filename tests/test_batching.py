@@ -104,7 +104,7 @@ def test_study_program_runs_every_lapack_call_inline(family):
         rtol=1e-8,
         atol=1e-10,
     )
-    text = _study._classify.lower(
+    text = _study.classify.lower(
         arrays,
         static,
         jnp.eye(d),

@@ -17,7 +17,7 @@ import meanfield as mf
 from meanfield.density import _harmonics as sh
 from meanfield.density._funk_hecke import scaled_funk_hecke
 from meanfield.density._sphere import (
-    _GeneralField,
+    GeneralField,
     _status,
     min_band_limit,
     simulate_sphere,
@@ -226,8 +226,9 @@ def test_general_path_with_isotropic_kernel_equals_zonal(attention, beta):
 @pytest.mark.parametrize(
     ("attention", "family"),
     [
-        ("softmax", mf.SoftmaxAttention),
-        # The same code path but for the last line: second tier (5 s).
+        # Second tier (5 s each): the default tier keeps the general path
+        # against the zonal one (`test_general_path_with_isotropic_kernel_...`).
+        pytest.param("softmax", mf.SoftmaxAttention, marks=pytest.mark.slow),
         pytest.param("unnormalized", mf.UnnormalizedAttention, marks=pytest.mark.slow),
     ],
 )
@@ -267,7 +268,7 @@ def test_general_path_matches_weighted_particles(attention, family):
     mu = mf.Particles(x, w0)
     field = np.array(attn.velocity(mu))
     field -= np.sum(field * x, 1, keepdims=True) * x
-    ours = _GeneralField(
+    ours = GeneralField(
         jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V), attention == "softmax", 256
     ).field(grid, jnp.asarray(_smooth_density(grid)))
     ours = np.asarray(ours) - np.sum(np.asarray(ours) * x, 1, keepdims=True) * x

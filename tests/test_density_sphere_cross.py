@@ -95,6 +95,7 @@ def test_zonal_and_full_sphere_solvers_agree_on_zonal_data(attention, sigma, t1)
     assert errors[1] < 1e-3 * scale
 
 
+@pytest.mark.slow  # 2.4 s: two solvers at tight tolerances
 def test_measures_of_both_solvers_have_the_same_moments():
     # sol.measure(i) is the cross-check API: the same density as weighted atoms
     # from either solver has the same mean and second moment (to the zonal

@@ -14,7 +14,7 @@ from scipy.optimize import brentq
 from scipy.special import iv, ive
 
 import meanfield as mf
-from meanfield.density._stationary import _Problem, _solves, stationary
+from meanfield.density._stationary import Problem, _solves, stationary
 from meanfield.density._transition import (
     cluster_branch,
     coexistence_noise,
@@ -181,7 +181,7 @@ def test_converged_is_decided_on_the_flux_residual():
 def test_converged_is_false_for_a_nan_residual_or_exponent():
     # Comparisons with NaN are False: no NaN reads as converged, and an infinite
     # exponent (a bound of inf) passes nothing.
-    prob = _Problem(4.0, "softmax", 64)
+    prob = Problem(4.0, "softmax", 64)
     phi = np.zeros(32)
     assert _solves(prob, 1e-14, phi, 1e-12)
     assert not _solves(prob, np.nan, phi, 1e-12)

@@ -16,9 +16,9 @@ from meanfield.density import (
 from meanfield.density._funk_hecke import legendre, scaled_funk_hecke, sphere_area
 from meanfield.density._zonal_stationary import (
     _flux_residual,
-    _largest_eigenvalue,
-    _problem,
     kernel_modes,
+    largest_eigenvalue,
+    problem,
 )
 from meanfield.density._zonal_transition import _zonal_branch
 
@@ -36,7 +36,7 @@ def test_kernel_has_the_funk_hecke_eigenvalues(d):
     # against the closed-form kappa_l: the rule integrates the entire integrand
     # spectrally, so agreement to rounding (1e-13 of kappa_0) on 64 nodes.
     beta = 6.0
-    prob = _problem(beta, "softmax", d, 64)
+    prob = problem(beta, "softmax", d, 64)
     P = legendre(12, prob.t, d)
     got = P @ prob.kernel.T  # row l: the kernel applied to P_l, at the nodes
     kappa = scaled_funk_hecke(np.arange(12), beta, d)
@@ -76,7 +76,7 @@ def test_branch_near_threshold_has_the_landau_coefficient(attention, d):
     # r = 0.01..0.06: the O(r^6) term is ~1e-8 there, so kappa is good to 1e-4
     # (measured 2e-5); 1% leaves margin, and the intercept is 0 to 1e-7.
     beta = 4.0
-    prob = _problem(beta, attention, d, 64)
+    prob = problem(beta, attention, d, 64)
     r = np.linspace(0.01, 0.06, 6)
     sigma, ok, lam = _zonal_branch(prob, r)
     assert ok.all()
@@ -99,7 +99,7 @@ def test_residual_tells_a_solution_from_a_perturbed_one():
     state = stationary_zonal(beta, sigma, d)
     # Measured 4e-14 (the cosine series' derivative rounds to ~N eps).
     assert state.converged and state.residual < 1e-11
-    prob = _problem(beta, "softmax", d, 128)
+    prob = problem(beta, "softmax", d, 128)
     bumped = state.rho * (1 + 1e-3 * legendre(3, state.t, d)[2])
     bumped /= state.weights @ bumped
     # The bump changes d rho/d theta by ~1e-3 max rho; Z barely moves.
@@ -125,14 +125,14 @@ def test_unresolved_grid_is_not_converged():
 def test_uniform_state_is_stable_exactly_above_threshold(attention, d):
     beta = 4.0
     sigma_c = float(density.critical_noise(beta, attention, d))
-    prob = _problem(beta, attention, d, 128)
+    prob = problem(beta, attention, d, 128)
     uniform = prob.uniform()
     for ratio in (0.9, 1.1):
         sigma = ratio * sigma_c
         # The degree-1 gain of the linearised map at the uniform state is
         # (sigma_c / sigma)^2: its largest eigenvalue, to rounding.
         im = prob.image(uniform, prob.scale(sigma))
-        lam = _largest_eigenvalue(prob.jacobian(im))
+        lam = largest_eigenvalue(prob.jacobian(im))
         assert lam == pytest.approx(ratio**-2, rel=1e-12)
         start = np.full(128, 1.0)
         state = stationary_zonal(beta, sigma, d, attention, initial=start)
@@ -158,7 +158,7 @@ def test_unnormalized_d3_hysteresis_above_beta_star_only():
     assert sweep.converged
     np.testing.assert_array_equal(sweep.bistable, [0, 1, 1, 1, 0, 0])
     r = np.linspace(0.4, 0.9, 26)
-    sigma, ok, _ = _zonal_branch(_problem(beta, "unnormalized", d, 128), r)
+    sigma, ok, _ = _zonal_branch(problem(beta, "unnormalized", d, 128), r)
     fold = sigma[ok].max()
     assert 1.1 < fold / sigma_c < 1.14
     # Below beta_*: continuous, no hysteresis even close to sigma_c.
@@ -241,7 +241,7 @@ def test_unnormalized_d3_beta8_loop_ends_at_the_fold():
     sweep = noise_continuation_zonal(beta, ratios * sigma_c, d, "unnormalized", N=N)
     assert sweep.converged
     r = np.linspace(0.6, 0.95, 36)
-    sigma, ok, _ = _zonal_branch(_problem(beta, "unnormalized", d, N), r)
+    sigma, ok, _ = _zonal_branch(problem(beta, "unnormalized", d, N), r)
     fold = sigma[ok].max()
     last = sweep.sigma[sweep.from_cluster > 0.1].max()
     assert last <= fold < last + 0.05 * sigma_c

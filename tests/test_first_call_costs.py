@@ -74,7 +74,7 @@ def test_concrete_simulate_compiles_only_the_solve():
         jax.block_until_ready(sol.x)
     # One program: the inputs (the attention's matrices included) are checked
     # and converted on the host, and nothing is compiled eagerly before the solve.
-    assert names == ["jit(_solve)"]
+    assert names == ["jit(solve_dynamics)"]
     assert sol.status == "success"
 
 

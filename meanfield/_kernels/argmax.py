@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .blocked import _pad_rows
+from .blocked import pad_rows
 
 #: Ties: logits within TIE_ULPS k eps |q_i| max_j |k_j| of the row maximum
 #: (a k-term dot product rounds by at most k eps |q_i| |k_j|; twice, with margin).
@@ -81,15 +81,15 @@ def blocked_average(
     masked = query_pos is not None
     tol = tolerance(q, keys)
     # Padded keys have weight 0 (never chosen); padded queries are cut off.
-    k_blocks = _pad_rows(keys, block_k, 0).reshape(-1, block_k, keys.shape[1])
-    w_blocks = _pad_rows(key_weights.astype(dtype), block_k, 0).reshape(-1, block_k)
-    v_blocks = _pad_rows(values, block_k, 0).reshape(-1, block_k, values.shape[1])
+    k_blocks = pad_rows(keys, block_k, 0).reshape(-1, block_k, keys.shape[1])
+    w_blocks = pad_rows(key_weights.astype(dtype), block_k, 0).reshape(-1, block_k)
+    v_blocks = pad_rows(values, block_k, 0).reshape(-1, block_k, values.shape[1])
     kp = key_pos if masked else jnp.zeros((n,), dtype)
-    p_blocks = _pad_rows(kp, block_k, jnp.inf).reshape(-1, block_k)
+    p_blocks = pad_rows(kp, block_k, jnp.inf).reshape(-1, block_k)
     qp = query_pos if masked else jnp.zeros((m,), dtype)
-    q_blocks = _pad_rows(q, block_q, 0).reshape(-1, block_q, q.shape[1])
-    qp_blocks = _pad_rows(qp, block_q, 0).reshape(-1, block_q)
-    tol_blocks = _pad_rows(tol, block_q, 0).reshape(-1, block_q)
+    q_blocks = pad_rows(q, block_q, 0).reshape(-1, block_q, q.shape[1])
+    qp_blocks = pad_rows(qp, block_q, 0).reshape(-1, block_q)
+    tol_blocks = pad_rows(tol, block_q, 0).reshape(-1, block_q)
     key_xs = (k_blocks, w_blocks, v_blocks, p_blocks)
 
     @jax.checkpoint

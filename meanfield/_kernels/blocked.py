@@ -19,7 +19,8 @@ from .dense import unscale
 ScoreFn = Callable[[Array, Array], Array]
 
 
-def _pad_rows(a: Array, multiple: int, fill) -> Array:
+def pad_rows(a: Array, multiple: int, fill) -> Array:
+    """`a` padded with `fill` along axis 0 to a multiple of `multiple` rows."""
     pad = (-a.shape[0]) % multiple
     if pad == 0:
         return a
@@ -56,24 +57,24 @@ def _online(
     masked = query_pos is not None
     with_values = values is not None
     # Padded keys get bias -inf (and an invisible position): they add exp(-inf) = 0.
-    k_blocks = _pad_rows(keys, block_k, 0).reshape(-1, block_k, *keys.shape[1:])
-    b_blocks = _pad_rows(key_bias.astype(dtype), block_k, -jnp.inf).reshape(-1, block_k)
+    k_blocks = pad_rows(keys, block_k, 0).reshape(-1, block_k, *keys.shape[1:])
+    b_blocks = pad_rows(key_bias.astype(dtype), block_k, -jnp.inf).reshape(-1, block_k)
     # Query blocks in `groups` independent lanes (vmap) of sequential blocks
     # (lax.map): with the particle axis sharded over G devices, each device runs
     # its own lane; on one device there is a single lane.
     groups = jax.device_count()
     block_q = min(block_q, -(-n // groups))
-    q_blocks = _pad_rows(queries, block_q * groups, 0).reshape(
+    q_blocks = pad_rows(queries, block_q * groups, 0).reshape(
         groups, -1, block_q, *queries.shape[1:]
     )
     key_xs = [k_blocks, b_blocks]
     if with_values:
         key_xs.append(
-            _pad_rows(values, block_k, 0).reshape(-1, block_k, values.shape[1])
+            pad_rows(values, block_k, 0).reshape(-1, block_k, values.shape[1])
         )
     if masked:
-        key_xs.append(_pad_rows(key_pos, block_k, jnp.inf).reshape(-1, block_k))
-        qp_blocks = _pad_rows(query_pos, block_q * groups, -jnp.inf).reshape(
+        key_xs.append(pad_rows(key_pos, block_k, jnp.inf).reshape(-1, block_k))
+        qp_blocks = pad_rows(query_pos, block_q * groups, -jnp.inf).reshape(
             groups, -1, block_q
         )
     else:

@@ -91,7 +91,7 @@ def _call(q, keys, bias, values, qpos, kpos, c, *, block_q, block_k, compute_dty
     n_pad, m_pad = -(-n // block_q) * block_q, -(-m // block_k) * block_k
     # Padded keys get bias -inf (and an invisible position); padded queries are
     # cut off. Rows are padded as in the blocked kernel.
-    pad_rows = blocked._pad_rows
+    pad_rows = blocked.pad_rows
     q = pad_rows(_pad_features(q.astype(acc_dtype), side), block_q, 0)
     keys = pad_rows(_pad_features(keys.astype(acc_dtype), side), block_k, 0)
     values = pad_rows(_pad_features(values.astype(acc_dtype), side_v), block_k, 0)

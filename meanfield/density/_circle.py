@@ -38,9 +38,9 @@ from ._ssp import PositiveSSPRK43
 
 ATTENTIONS = ("softmax", "unnormalized")
 # Mass |h sum rho - 1| accepted in rho0 (relative to N ulps it is generous).
-_MASS_TOL = 1e-8
+MASS_TOL = 1e-8
 # log of float64's largest value: e^beta overflows past it (709.78).
-_LOG_MAX = float(np.log(np.finfo(np.float64).max))
+LOG_MAX = float(np.log(np.finfo(np.float64).max))
 
 
 def cell_centres(N: int) -> np.ndarray:
@@ -48,37 +48,37 @@ def cell_centres(N: int) -> np.ndarray:
     return (np.arange(N) + 0.5) * (2 * np.pi / N)
 
 
-def _check_beta(beta) -> float:
+def check_beta(beta) -> float:
     value = real_scalar(beta, "beta")
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"`beta` must be positive and finite; got {beta}.")
     return value
 
 
-def _check_sigma(sigma) -> float:
+def check_sigma(sigma) -> float:
     value = real_scalar(sigma, "sigma")
     if not (np.isfinite(value) and value >= 0):
         raise ValueError(f"`sigma` must be >= 0 and finite; got {sigma}.")
     return value
 
 
-def _check_attention(attention) -> None:
+def check_attention(attention) -> None:
     if attention not in ATTENTIONS:
         raise ValueError(f"`attention` must be one of {ATTENTIONS}; got {attention!r}.")
 
 
-def _check_representable(beta: float, attention: str) -> None:
+def check_representable(beta: float, attention: str) -> None:
     """Refuse unnormalised attention whose field e^beta is beyond float64.
 
     Raises:
         ValueError: attention="unnormalized" with beta > 709.8.
     """
-    if attention != "softmax" and beta > _LOG_MAX:
+    if attention != "softmax" and beta > LOG_MAX:
         # The field itself is ~ e^beta / sqrt(2 pi beta): not representable, and
         # its time scale e^{-beta} is not either. Refuse rather than return NaN.
         raise ValueError(
             f'`beta` = {beta:g} is too large for attention="unnormalized": its '
-            f"field is of size e^beta, beyond float64 for beta > {_LOG_MAX:.1f}. "
+            f"field is of size e^beta, beyond float64 for beta > {LOG_MAX:.1f}. "
             "Its dynamics on the clock e^{-beta} t is that of V = e^{-beta} I: "
             "simulate particles with `mf.UnnormalizedAttention(I, A=beta I, "
             'log_scale=-beta)`, or use attention="softmax".'
@@ -124,7 +124,7 @@ def _kernel_coefficients(N: int, beta: float, attention: str):
     Raises:
         ValueError: unnormalised attention with e^beta beyond float64.
     """
-    _check_representable(beta, attention)
+    check_representable(beta, attention)
     k = np.arange(N // 2 + 1)
     shift = np.exp(0.5j * k * (2 * np.pi / N))
     i_k = scaled_bessel(k, beta)  # SciPy past its range: NaN (`_bessel`)
@@ -136,7 +136,7 @@ def _kernel_coefficients(N: int, beta: float, attention: str):
     return cos_hat, sin_hat * scale
 
 
-def _minmod(a, b):
+def minmod(a, b):
     return jnp.where(a * b > 0, jnp.sign(a) * jnp.minimum(jnp.abs(a), jnp.abs(b)), 0)
 
 
@@ -150,7 +150,7 @@ def rate_of_change(rho, cos_hat, sin_hat, softmax: bool):
         v = num / den  # at face j + 1/2, the right of cell j
     else:
         v = jnp.fft.irfft(rho_hat * sin_hat, n=N)
-    slope = _minmod(rho - jnp.roll(rho, 1), jnp.roll(rho, -1) - rho)
+    slope = minmod(rho - jnp.roll(rho, 1), jnp.roll(rho, -1) - rho)
     left = rho + 0.5 * slope  # face j + 1/2 seen from cell j
     right = jnp.roll(rho - 0.5 * slope, -1)  # ... from cell j + 1
     flux = jnp.maximum(v, 0) * left + jnp.minimum(v, 0) * right
@@ -304,9 +304,9 @@ def simulate(
             max_steps not a positive integer, beta > 709.8 (e^beta beyond
             float64) with attention="unnormalized".
     """
-    beta = _check_beta(beta)
-    _check_attention(attention)
-    sigma = _check_sigma(sigma)
+    beta = check_beta(beta)
+    check_attention(attention)
+    sigma = check_sigma(sigma)
     check_tolerances(rtol, atol)
     check_max_steps(max_steps)
     rho0 = np.asarray(rho0, np.float64)
@@ -316,7 +316,7 @@ def simulate(
         raise ValueError("`rho0` must be finite and nonnegative.")
     N = rho0.shape[0]
     mass = rho0.sum() * 2 * np.pi / N
-    if abs(mass - 1) > _MASS_TOL:
+    if abs(mass - 1) > MASS_TOL:
         raise ValueError(
             f"`rho0` must have mass h sum rho0 = 1 (h = 2 pi / N); got {mass:.12g}: "
             "divide it by its mass."
@@ -341,7 +341,7 @@ def simulate(
     return DensitySolution(
         ts=out_ts,
         rho=np.where(np.isfinite(out_ts)[:, None], rho, np.nan),
-        status=_status(result, rho, out_ts),
+        status=run_status(result, rho, out_ts),
         num_steps=int(steps),
         beta=beta,
         attention=attention,
@@ -349,7 +349,7 @@ def simulate(
     )
 
 
-def _status(result, rho, ts) -> str:
+def run_status(result, rho, ts) -> str:
     reached = rho[np.isfinite(ts)]
     # A non-finite density is a failure whatever the solver's own result (it
     # used to read "max_steps": the steps shrank on NaN until the budget ran out).

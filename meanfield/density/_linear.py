@@ -21,11 +21,11 @@ from scipy.special import gammaln
 
 from ._bessel import log_iv, rate
 from ._circle import (
-    _LOG_MAX,
-    _check_attention,
-    _check_beta,
-    _check_representable,
-    _check_sigma,
+    LOG_MAX,
+    check_attention,
+    check_beta,
+    check_representable,
+    check_sigma,
 )
 
 # The largest beta whose unnormalised sigma_c = sqrt(2 I_1(beta) / beta) is finite.
@@ -66,7 +66,7 @@ def _check_betas(beta) -> np.ndarray:
     return b
 
 
-def _check_dimension(d) -> int:
+def check_dimension(d) -> int:
     """The dimension d of R^d (tokens on S^{d-1}): an integer >= 2."""
     if isinstance(d, bool | np.bool_) or not isinstance(d, int | np.integer) or d < 2:
         raise ValueError(
@@ -131,9 +131,9 @@ def growth_rate(
     """
     k = _check_modes(k)
     b = _check_betas(beta)
-    _check_attention(attention)
-    sigma = _check_sigma(sigma)
-    d = _check_dimension(d)
+    check_attention(attention)
+    sigma = check_sigma(sigma)
+    d = check_dimension(d)
     try:
         shape = np.broadcast_shapes(k.shape, b.shape)
     except ValueError as err:
@@ -142,7 +142,7 @@ def growth_rate(
             "together."
         ) from err
     if attention != "softmax":
-        _check_representable(float(b.max()), attention)
+        check_representable(float(b.max()), attention)
     k, b = np.broadcast_to(k, shape), np.broadcast_to(b, shape)
     per_eigenvalue = rate(np.maximum(k, 1), b, 0.5 * d - 1)
     # k beyond 1e154: k^2 = inf, its rate is 0 (inf * 0 in the branch not taken).
@@ -190,15 +190,15 @@ def fastest_mode(
     Raises:
         ValueError: as `growth_rate` (for a scalar beta), or beta > 1e30.
     """
-    beta = _check_beta(beta)
+    beta = check_beta(beta)
     if beta > _MODE_BETA_MAX:
         raise ValueError(
             f"`beta` must be at most {_MODE_BETA_MAX:g} in `fastest_mode` (its modes, "
             f"near sqrt(2 beta), must be exact integers in float64); got {beta}."
         )
-    _check_attention(attention)
-    sigma = _check_sigma(sigma)
-    d = _check_dimension(d)
+    check_attention(attention)
+    sigma = check_sigma(sigma)
+    d = check_dimension(d)
     nu = 0.5 * d - 1
     # lambda_k / scale = k (k + d - 2) (rate - damping), scale = 1 (softmax) or
     # Gamma(d/2) (2/beta)^nu I_nu(beta) (unnormalised, beyond float64 past
@@ -274,14 +274,14 @@ def critical_noise(
             (beta > 1430.7 on the circle).
     """
     b = _check_betas(beta)
-    _check_attention(attention)
-    d = _check_dimension(d)
+    check_attention(attention)
+    d = check_dimension(d)
     per_eigenvalue = rate(1.0, b, 0.5 * d - 1)  # I_{d/2}(beta) / (beta I_{d/2-1})
     if attention == "softmax":
         return np.sqrt(2 * per_eigenvalue)[()]
     # Unnormalised: sigma_c^2 = 2 per_eigenvalue scale, in logarithms.
     log_sigma = 0.5 * (np.log(2 * per_eigenvalue) + _log_unnormalized_scale(b, d))
-    if np.any(log_sigma > _LOG_MAX):
+    if np.any(log_sigma > LOG_MAX):
         raise ValueError(
             '`beta` is too large for attention="unnormalized": sigma_c ~ '
             f"e^(beta / 2) is beyond float64 (beta > {_BETA_MAX:.0f} on the "

@@ -9,7 +9,7 @@ from .._attention.softmax import SoftmaxAttention
 from .._dynamics import Solution, simulate
 from .._measures import Particles
 from .._noise import IndependentNoise
-from ._circle import _check_attention, _check_beta, _check_representable, _check_sigma
+from ._circle import check_attention, check_beta, check_representable, check_sigma
 
 #: Tolerances of the noise-free particle solve (sigma = 0): the particles then
 #: follow their ODE far below the density's discretisation error.
@@ -136,10 +136,10 @@ def simulate_tokens(
             `key`, unknown `attention`, beta > 709.8 (e^beta beyond float64)
             with attention="unnormalized".
     """
-    beta = _check_beta(beta)
-    sigma = _check_sigma(sigma)
-    _check_attention(attention)
-    _check_representable(beta, attention)
+    beta = check_beta(beta)
+    sigma = check_sigma(sigma)
+    check_attention(attention)
+    check_representable(beta, attention)
     x = np.asarray(x, np.float64)
     if x.ndim != 2 or x.shape[0] == 0 or x.shape[1] < 2:
         raise ValueError(f"`x` must have shape (n, d), n >= 1, d >= 2; got {x.shape}.")

@@ -71,11 +71,11 @@ from .._progress import progress_meter
 from .._repr import fields_repr
 from . import _harmonics as sh
 from ._circle import (
-    _check_attention,
-    _check_beta,
-    _check_sigma,
+    check_attention,
+    check_beta,
     check_horizon,
     check_max_steps,
+    check_sigma,
 )
 from ._funk_hecke import scaled_funk_hecke
 from ._harmonics import SphereGrid, grid_size, sphere_grid
@@ -97,7 +97,7 @@ _KERNEL_TAIL = 1e-3
 # log of float64's largest value: e^{|A|} overflows past it.
 _LOG_MAX = float(np.log(np.finfo(np.float64).max))
 # Elements of one block of the general kernel (rows x nodes): 32 MiB in float64.
-_BLOCK_ELEMENTS = 2**22
+BLOCK_ELEMENTS = 2**22
 
 
 def min_band_limit(beta: float) -> int:
@@ -121,7 +121,7 @@ def min_band_limit(beta: float) -> int:
     return int(ell[np.argmax(ratio <= _KERNEL_TAIL)])
 
 
-class _ZonalField(eqx.Module):
+class ZonalField(eqx.Module):
     """The transport rate for Q^T K = beta I, V = I: Funk-Hecke convolutions."""
 
     kappa: Float[Array, " L"]  # kappa_l, scaled by e^{-beta} for softmax
@@ -143,7 +143,7 @@ class _ZonalField(eqx.Module):
         return -sh.weak_divergence(grid, flux * Z_theta, flux * Z_phi / sin)
 
 
-class _GeneralField(eqx.Module):
+class GeneralField(eqx.Module):
     """The transport rate for any Q, K, V (3, 3): quadrature over the nodes."""
 
     Q: Float[Array, "3 3"]
@@ -446,12 +446,12 @@ def simulate_sphere(
         raise ValueError("Give either `beta` or `Q`, `K`, `V`, not both.")
     if beta is None and not all(general):
         raise ValueError("Give either `beta` or all three of `Q`, `K`, `V`.")
-    _check_attention(attention)
-    sigma = _check_sigma(sigma)
+    check_attention(attention)
+    sigma = check_sigma(sigma)
     check_tolerances(rtol, atol)
     check_max_steps(max_steps)
     if beta is not None:
-        beta = _check_beta(beta)
+        beta = check_beta(beta)
         strength = beta
     else:
         Q, K, V = _matrix(Q, "Q"), _matrix(K, "K"), _matrix(V, "V")
@@ -502,11 +502,11 @@ def simulate_sphere(
             kappa = scaled_funk_hecke(np.arange(L), beta, 3)
             if not softmax:  # the field itself: e^beta back (< float64's max)
                 kappa = kappa * np.exp(beta)
-            model = _ZonalField(jnp.asarray(kappa), jnp.asarray(1 / beta), softmax)
+            model = ZonalField(jnp.asarray(kappa), jnp.asarray(1 / beta), softmax)
         else:
             M = grid.nlat * grid.nlon
-            block = int(max(1, min(M, _BLOCK_ELEMENTS // M)))
-            model = _GeneralField(
+            block = int(max(1, min(M, BLOCK_ELEMENTS // M)))
+            model = GeneralField(
                 jnp.asarray(Q), jnp.asarray(K), jnp.asarray(V), softmax, block
             )
         a0 = sh.analysis(grid, jnp.asarray(rho0))

@@ -31,14 +31,14 @@ from jaxtyping import ArrayLike, Float
 from .._checks import real_scalar
 from .._repr import fields_repr
 from ._bessel import scaled_bessel
-from ._circle import _check_attention, _check_beta, _check_representable, cell_centres
+from ._circle import cell_centres, check_attention, check_beta, check_representable
 from ._linear import critical_noise
 
 # Kernel modes with I_k(beta) / I_0(beta) below this change Z by less than an ulp.
-_MODE_CUTOFF = 1e-17
+MODE_CUTOFF = 1e-17
 # The largest eigenvalue of the linearised map may exceed 1 by this and still be
 # called stable: the marginal state at the threshold itself.
-_STABLE_SLACK = 1e-8
+STABLE_SLACK = 1e-8
 # `converged` needs a flux residual within this factor of the iteration's
 # tolerance scale (`_solves`). Measured at the default tol = 1e-12: the ratio
 # is at most 0.21 on resolved grids and 3e2 or more on unresolved ones; grids
@@ -47,10 +47,10 @@ _STABLE_SLACK = 1e-8
 # discretisation error does not shrink with tol, so an unresolved grid's ratio
 # falls like 1 / tol: at tol = 1e-4 one passes (softmax, beta = 300, sigma =
 # 0.3 sigma_c, N = 256: residual 6.2, ratio 9.3).
-_RESIDUAL_FACTOR = 10.0
+RESIDUAL_FACTOR = 10.0
 # Size (in psi = log rho) of the mode-1 push that takes the uniform state off its
 # unstable manifold's base.
-_PUSH = 1e-4
+PUSH = 1e-4
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # array fields: no elementwise ==
@@ -130,7 +130,7 @@ class _Image:
     prob: np.ndarray  # e^phi / sum e^phi, (n,)
 
 
-class _Problem:
+class Problem:
     """The discrete fixed-point map on the N/2 cells in (0, pi)."""
 
     def __init__(self, beta: float, attention: str, N: int):
@@ -146,7 +146,7 @@ class _Problem:
             np.exp(beta * (np.cos(diff) - 1)) + np.exp(beta * (np.cos(total) - 1))
         )
         gamma = scaled_bessel(np.arange(n), beta)
-        kept = np.nonzero(gamma >= _MODE_CUTOFF * gamma[0])[0]
+        kept = np.nonzero(gamma >= MODE_CUTOFF * gamma[0])[0]
         M = int(kept[-1])
         # kernel = C diag(D) C^T up to modes above M (e^{beta cos} = sum I_k e^{ik.}).
         self.C = np.cos(np.outer(theta, np.arange(M + 1)))
@@ -240,17 +240,17 @@ class _Problem:
         return np.concatenate([rho, rho[::-1]])
 
 
-def _quiet():
+def quiet():
     return np.errstate(over="ignore", invalid="ignore", divide="ignore")
 
 
-def _largest_eigenvalue(B: np.ndarray) -> float:
+def largest_eigenvalue(B: np.ndarray) -> float:
     if not np.all(np.isfinite(B)):
         return float("nan")
     return float(np.max(np.linalg.eigvals(B).real))
 
 
-def _newton(prob: _Problem, psi, s: float, tol: float, max_iter: int):
+def _newton(prob: Problem, psi, s: float, tol: float, max_iter: int):
     """Newton's method on psi = T(psi) from psi: (psi, converged, iterations, lam).
 
     lam is the largest eigenvalue of the linearised map at the last iterate (nan
@@ -275,7 +275,7 @@ def _newton(prob: _Problem, psi, s: float, tol: float, max_iter: int):
         t = 1.0
         for _ in range(15):  # backtrack on the residual's size
             trial = psi + t * step
-            with _quiet():  # a rejected trial may overflow
+            with quiet():  # a rejected trial may overflow
                 trial_im = prob.image(trial, s)
                 after = np.abs(trial - trial_im.psi).max()
             if np.isfinite(after) and after < (1 - 1e-4 * t) * size:
@@ -284,10 +284,10 @@ def _newton(prob: _Problem, psi, s: float, tol: float, max_iter: int):
         else:
             break
         psi, im = trial, trial_im
-    return psi, ok, it, _largest_eigenvalue(B)
+    return psi, ok, it, largest_eigenvalue(B)
 
 
-def _settle(prob: _Problem, psi0, s: float, tol: float, max_iter: int):
+def settle(prob: Problem, psi0, s: float, tol: float, max_iter: int):
     """A stable fixed point near psi0: (psi, converged, stable, iterations).
 
     Newton from psi0; if it lands on an unstable state (or fails), Picard
@@ -296,17 +296,17 @@ def _settle(prob: _Problem, psi0, s: float, tol: float, max_iter: int):
     followed by Newton, until Newton lands on a stable state.
     """
     psi, ok, used, lam = _newton(prob, psi0, s, tol, min(100, max_iter))
-    stable = lam <= 1 + _STABLE_SLACK
+    stable = lam <= 1 + STABLE_SLACK
     if ok and stable:
         return psi, True, True, used
-    walker, chunk = psi0 + _PUSH * prob.cos1, 16
+    walker, chunk = psi0 + PUSH * prob.cos1, 16
     while used < max_iter:
         for _ in range(min(chunk, max_iter - used)):
             walker = prob.image(walker, s).psi
             used += 1
         psi, ok, it, lam = _newton(prob, walker, s, tol, min(100, max_iter))
         used += it
-        stable = lam <= 1 + _STABLE_SLACK
+        stable = lam <= 1 + STABLE_SLACK
         if ok and stable:
             return psi, True, True, used
         chunk *= 2
@@ -337,21 +337,21 @@ def _flux_residual(rho: np.ndarray, beta: float, sigma: float, attention) -> flo
     return float(np.abs(slope - coupling * rho * v).max() / rho.max())
 
 
-def _solves(prob: _Problem, residual: float, phi: np.ndarray, tol: float) -> bool:
+def _solves(prob: Problem, residual: float, phi: np.ndarray, tol: float) -> bool:
     """Whether a flux residual says the state solves the zero-flux equation.
 
     The iteration stops at |log rho - log T(rho)| <= tol (1 + max|phi|); the
     flux residual of such a state on a grid that resolves it is at most 0.21
     times that (at the rounding floor), and 3e2 to 3e12 times it on the grids
-    measured that do not, at tol = 1e-12 (`_RESIDUAL_FACTOR`). False for a NaN
+    measured that do not, at tol = 1e-12 (`RESIDUAL_FACTOR`). False for a NaN
     residual, and for a NaN or infinite phi (no bound at all).
     """
     scale = max(tol, prob.N * np.finfo(np.float64).eps) * (1 + np.abs(phi).max())
-    bound = _RESIDUAL_FACTOR * scale
+    bound = RESIDUAL_FACTOR * scale
     return bool(np.isfinite(bound) and residual <= bound)
 
 
-def _state(prob: _Problem, psi, sigma, converged, stable, iterations, *, tol):
+def stationary_state(prob: Problem, psi, sigma, converged, stable, iterations, *, tol):
     """The `StationaryState` of psi; converged only if its residual agrees."""
     s = prob.scale(sigma)
     im = prob.image(psi, s)
@@ -385,14 +385,14 @@ def _check_N(N) -> int:
     return int(N)
 
 
-def _check_sigma(sigma) -> float:
+def check_positive_sigma(sigma) -> float:
     value = real_scalar(sigma, "sigma")
     if not (np.isfinite(value) and value > 0):
         raise ValueError(f"`sigma` must be positive and finite; got {sigma}.")
     return value
 
 
-def _check_iteration(tol, max_iter) -> tuple[float, int]:
+def check_iteration(tol, max_iter) -> tuple[float, int]:
     tol = float(tol)
     if not (np.isfinite(tol) and tol > 0):
         raise ValueError(f"`tol` must be positive and finite; got {tol}.")
@@ -401,14 +401,14 @@ def _check_iteration(tol, max_iter) -> tuple[float, int]:
     return tol, int(max_iter)
 
 
-def _problem(beta, attention, N) -> _Problem:
-    beta = _check_beta(beta)
-    _check_attention(attention)
-    _check_representable(beta, attention)
-    return _Problem(beta, attention, _check_N(N))
+def problem(beta, attention, N) -> Problem:
+    beta = check_beta(beta)
+    check_attention(attention)
+    check_representable(beta, attention)
+    return Problem(beta, attention, _check_N(N))
 
 
-def _point_cluster_image(prob: _Problem, s: float) -> np.ndarray:
+def point_cluster_image(prob: Problem, s: float) -> np.ndarray:
     """The map's image log T(delta_0) of a point cluster at 0: the default seed."""
     n = prob.N // 2
     theta = cell_centres(prob.N)[:n]
@@ -478,21 +478,21 @@ def stationary(
             nonnegative, tol or max_iter not positive, unnormalised attention
             with beta > 709.8.
     """
-    prob = _problem(beta, attention, N)
-    sigma = _check_sigma(sigma)
-    tol, max_iter = _check_iteration(tol, max_iter)
+    prob = problem(beta, attention, N)
+    sigma = check_positive_sigma(sigma)
+    tol, max_iter = check_iteration(tol, max_iter)
     s = prob.scale(sigma)
     if not np.isfinite(s):
         raise ValueError(f"`sigma` = {sigma:g} is too small for float64.")
     psi0 = (
-        _point_cluster_image(prob, s)
+        point_cluster_image(prob, s)
         if initial is None
         else _centred_log(initial, prob.N)
     )
-    psi, ok, stable, used = _settle(prob, psi0, s, tol, max_iter)
-    return _state(prob, psi, sigma, ok, stable, used, tol=tol)
+    psi, ok, stable, used = settle(prob, psi0, s, tol, max_iter)
+    return stationary_state(prob, psi, sigma, ok, stable, used, tol=tol)
 
 
-def _critical(beta: float, attention: str) -> float:
+def critical(beta: float, attention: str) -> float:
     """The linear threshold sigma_c (`critical_noise`) as a Python float."""
     return float(critical_noise(beta, attention))

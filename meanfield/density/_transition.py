@@ -18,20 +18,20 @@ from scipy.special import ive
 
 from .._repr import fields_repr
 from ._bessel import neighbour_ratios
-from ._circle import _check_attention, _check_beta, cell_centres
-from ._linear import _check_dimension
+from ._circle import cell_centres, check_attention, check_beta
+from ._linear import check_dimension
 from ._stationary import (
-    _PUSH,
-    _STABLE_SLACK,
-    _check_iteration,
-    _critical,
-    _largest_eigenvalue,
-    _point_cluster_image,
-    _Problem,
-    _problem,
-    _quiet,
-    _settle,
-    _state,
+    PUSH,
+    STABLE_SLACK,
+    Problem,
+    check_iteration,
+    critical,
+    largest_eigenvalue,
+    point_cluster_image,
+    problem,
+    quiet,
+    settle,
+    stationary_state,
 )
 
 TRANSITIONS = ("continuous", "discontinuous")
@@ -77,9 +77,9 @@ def landau_coefficient(beta: float, attention: str = "softmax", d: int = 2) -> f
         ValueError: beta not positive and finite, unknown attention, or `d`
             not an integer >= 2.
     """
-    beta = _check_beta(beta)
-    _check_attention(attention)
-    d = _check_dimension(d)
+    beta = check_beta(beta)
+    check_attention(attention)
+    d = check_dimension(d)
     # gamma_1 = 1 - delta and q = 1 - gap: at large beta both are 1 - O(1 / beta),
     # and delta, gap are computed without cancellation.
     delta, q, gap = neighbour_ratios(beta, 0.5 * d - 1)
@@ -144,8 +144,8 @@ def type_change_beta(
         ValueError: unknown attention, bracket not 0 < low < high finite, or
             `d` not an integer >= 2.
     """
-    _check_attention(attention)
-    d = _check_dimension(d)
+    check_attention(attention)
+    d = check_dimension(d)
     low, high = (float(b) for b in bracket)
     if not (0 < low < high < np.inf):
         raise ValueError(f"`bracket` must satisfy 0 < low < high < inf; got {bracket}.")
@@ -260,8 +260,8 @@ def noise_continuation(
             positive, unknown attention, N not an even integer >= 8, tol or
             max_iter not positive, unnormalised attention with beta > 709.8.
     """
-    prob = _problem(beta, attention, N)
-    tol, max_iter = _check_iteration(tol, max_iter)
+    prob = problem(beta, attention, N)
+    tol, max_iter = check_iteration(tol, max_iter)
     sig = np.asarray(sigmas, np.float64)
     if (
         sig.ndim != 1
@@ -271,29 +271,29 @@ def noise_continuation(
         raise ValueError("`sigmas` must be a 1-D increasing array of positive noises.")
     if not np.isfinite(prob.scale(sig[0])):
         raise ValueError(f"`sigmas` start at {sig[0]:g}: too small for float64.")
-    push = _PUSH * prob.cos1
+    push = PUSH * prob.cos1
     ok, worst = True, 0.0
     down = np.empty(sig.size)
     psi = np.full(prob.N // 2, -np.log(2 * np.pi))
     for i in range(sig.size - 1, -1, -1):
         s = prob.scale(sig[i])
-        psi, conv, stable, _ = _settle(prob, psi + push, s, tol, max_iter)
-        state = _state(prob, psi, sig[i], conv, stable, 0, tol=tol)
+        psi, conv, stable, _ = settle(prob, psi + push, s, tol, max_iter)
+        state = stationary_state(prob, psi, sig[i], conv, stable, 0, tol=tol)
         down[i], ok = state.order, ok and state.converged and stable
         worst = max(worst, state.residual)
     up = np.empty(sig.size)
-    psi = _point_cluster_image(prob, prob.scale(sig[0]))
+    psi = point_cluster_image(prob, prob.scale(sig[0]))
     for i in range(sig.size):
         s = prob.scale(sig[i])
-        psi, conv, stable, _ = _settle(prob, psi, s, tol, max_iter)
-        state = _state(prob, psi, sig[i], conv, stable, 0, tol=tol)
+        psi, conv, stable, _ = settle(prob, psi, s, tol, max_iter)
+        state = stationary_state(prob, psi, sig[i], conv, stable, 0, tol=tol)
         up[i], ok = state.order, ok and state.converged and stable
         worst = max(worst, state.residual)
     return NoiseContinuation(
         sigma=sig,
         from_uniform=down,
         from_cluster=up,
-        sigma_c=_critical(prob.beta, attention),
+        sigma_c=critical(prob.beta, attention),
         converged=bool(ok),
         residual=float(worst),
         beta=prob.beta,
@@ -383,18 +383,20 @@ def cluster_branch(
             within (0, 1), unknown attention, N not an even integer >= 8, tol
             not positive, unnormalised attention with beta > 709.8.
     """
-    prob = _problem(beta, attention, N)
-    tol, _ = _check_iteration(tol, 1)
+    prob = problem(beta, attention, N)
+    tol, _ = check_iteration(tol, 1)
     r = np.asarray(orders, np.float64)
     if r.ndim != 1 or r.size == 0 or not (np.all(np.diff(r) > 0) and 0 < r[0]):
         raise ValueError("`orders` must be an increasing 1-D array within (0, 1).")
     if r[-1] >= 1:
         raise ValueError(f"`orders` must lie below 1; got {r[-1]}.")
-    sigma_c = _critical(prob.beta, attention)
+    sigma_c = critical(prob.beta, attention)
     out = dict(sigma=[], stable=[], converged=[], residual=[], rho=[])
     for psi, s, ok, lam in _branch(prob, r, tol):
         sigma = prob.sigma(s)
-        state = _state(prob, psi, sigma, ok, lam <= 1 + _STABLE_SLACK, 0, tol=tol)
+        state = stationary_state(
+            prob, psi, sigma, ok, lam <= 1 + STABLE_SLACK, 0, tol=tol
+        )
         out["sigma"].append(sigma)
         out["stable"].append(state.stable)
         out["converged"].append(state.converged)
@@ -413,7 +415,7 @@ def cluster_branch(
     )
 
 
-def _branch(prob: _Problem, r: np.ndarray, tol: float):
+def _branch(prob: Problem, r: np.ndarray, tol: float):
     """(psi, s, converged, lam) at each order parameter of r (increasing).
 
     From r = _FIRST_ORDER on the linear mode 1 + 2 r cos(theta), in steps of at
@@ -429,7 +431,7 @@ def _branch(prob: _Problem, r: np.ndarray, tol: float):
             path.append(float(target))
     theta = cell_centres(prob.N)[: prob.N // 2]
     guess = np.log((1 + 2 * path[0] * np.cos(theta)) / (2 * np.pi))
-    s = prob.scale(_critical(prob.beta, prob.attention))
+    s = prob.scale(critical(prob.beta, prob.attention))
     history: list[tuple[np.ndarray, float, float]] = []
     found = {}
     for target in path:
@@ -446,7 +448,7 @@ def _branch(prob: _Problem, r: np.ndarray, tol: float):
     return [found[float(target)] for target in r]
 
 
-def _bordered_newton(prob: _Problem, psi, s, target, tol, max_iter=60):
+def _bordered_newton(prob: Problem, psi, s, target, tol, max_iter=60):
     """Newton on (psi = T(psi; s), order(psi) = target): (psi, s, converged, lam).
 
     Steps are halved until the residual decreases (at most 14 times), and s is
@@ -479,7 +481,7 @@ def _bordered_newton(prob: _Problem, psi, s, target, tol, max_iter=60):
         t, before = 1.0, max(size, abs(e))
         for _ in range(15):
             if s + t * ds > 0:
-                with _quiet():  # a rejected trial may overflow
+                with quiet():  # a rejected trial may overflow
                     trial = residual(psi + t * dpsi, s + t * ds)
                     after = max(np.abs(trial[1]).max(), abs(trial[2]))
                 if np.isfinite(after) and after < (1 - 1e-4 * t) * before:
@@ -491,7 +493,7 @@ def _bordered_newton(prob: _Problem, psi, s, target, tol, max_iter=60):
         im, R, e = trial
     else:
         B, _ = prob.linear(im)
-    return psi, s, ok, _largest_eigenvalue(B)
+    return psi, s, ok, largest_eigenvalue(B)
 
 
 def coexistence_noise(beta: float, N: int = 512, tol: float = 1e-12) -> float:
@@ -521,9 +523,9 @@ def coexistence_noise(beta: float, N: int = 512, tol: float = 1e-12) -> float:
         ValueError: beta not positive, finite and <= 709.8, N not an even
             integer >= 8, tol not positive.
     """
-    prob = _problem(beta, "unnormalized", N)
-    tol, _ = _check_iteration(tol, 1)
-    sigma_c = _critical(prob.beta, "unnormalized")
+    prob = problem(beta, "unnormalized", N)
+    tol, _ = check_iteration(tol, 1)
+    sigma_c = critical(prob.beta, "unnormalized")
     if landau_coefficient(prob.beta, "unnormalized") >= 0:
         return sigma_c
     orders = np.geomspace(0.005, 0.99, 98)
@@ -534,7 +536,10 @@ def coexistence_noise(beta: float, N: int = 512, tol: float = 1e-12) -> float:
         uniform = -0.5 * sigma**2 * np.log(2 * np.pi) - np.exp(prob.beta) * ive(
             0, prob.beta
         ) / (2 * prob.beta)
-        return _state(prob, psi, sigma, ok, True, 0, tol=tol).free_energy - uniform
+        return (
+            stationary_state(prob, psi, sigma, ok, True, 0, tol=tol).free_energy
+            - uniform
+        )
 
     # The saddles between the uniform state and the cluster (the unstable part)
     # lie above the uniform state's free energy: the crossing is on the stable

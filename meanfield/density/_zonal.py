@@ -46,24 +46,24 @@ from .._measures import Particles
 from .._progress import progress_meter
 from .._repr import fields_repr
 from ._circle import (
-    _MASS_TOL,
-    _check_attention,
-    _check_beta,
-    _check_representable,
-    _check_sigma,
-    _minmod,
-    _status,
+    MASS_TOL,
+    check_attention,
+    check_beta,
     check_horizon,
     check_max_steps,
+    check_representable,
+    check_sigma,
+    minmod,
+    run_status,
 )
 from ._funk_hecke import harmonic_dimension, legendre, scaled_funk_hecke, sphere_area
-from ._linear import _check_dimension
+from ._linear import check_dimension
 from ._ssp import PositiveSSPRK43
 from ._zonal_grid import (
     VOLUME_NODES,
-    _check_axis,
-    _frame,
-    _gauss_cells,
+    check_axis,
+    gauss_cells,
+    householder_frame,
     zonal_volumes,
 )
 from ._zonal_heat import SplitZonalHeatSSPRK43, heat_operator
@@ -108,7 +108,7 @@ def _grid(N: int, d: int, beta: float) -> _Grid:
     h = np.pi / N
     # Gauss points enough for a trigonometric polynomial of degree L + d in a cell.
     q = max(VOLUME_NODES, int(np.ceil((L + d) * h)) + 12)
-    points, w = _gauss_cells(N, q)
+    points, w = gauss_cells(N, q)
     weight = sphere_area(d - 1) * np.sin(points) ** (d - 2) * w  # (N, q)
     # Cell by cell in chunks: an (L, N, q) array would be ~1 GB at N = 10^5.
     W = np.empty((L, N))
@@ -149,7 +149,7 @@ def rate_of_change(rho, W, P, dP, num, den, areas, volumes, softmax: bool):
         v = v / ((den * moments) @ P)
     # Reflected ghost cells: the end cells' slopes are 0.
     padded = jnp.concatenate([rho[:1], rho, rho[-1:]])
-    slope = _minmod(padded[1:-1] - padded[:-2], padded[2:] - padded[1:-1])
+    slope = minmod(padded[1:-1] - padded[:-2], padded[2:] - padded[1:-1])
     left = (rho + 0.5 * slope)[:-1]  # face j + 1/2 seen from cell j
     right = (rho - 0.5 * slope)[1:]  # ... from cell j + 1
     flux = areas * (jnp.maximum(v, 0) * left + jnp.minimum(v, 0) * right)
@@ -294,7 +294,7 @@ class ZonalSolution:
         if not np.all(np.isfinite(rho)):
             raise ValueError(f"save time `i` = {i} was not reached.")
         d, N = self.d, rho.shape[0]
-        e = _check_axis(axis, d)
+        e = check_axis(axis, d)
         k = 2 if d == 2 else (16 if per_ring is None else per_ring)
         if isinstance(k, bool) or int(k) != k or k < 1 or (d >= 4 and k % 2):
             raise ValueError(
@@ -312,7 +312,7 @@ class ZonalSolution:
                 g = np.asarray(jr.normal(jr.key(0), (k // 2, d - 1), jnp.float64))
             g = g / np.linalg.norm(g, axis=1, keepdims=True)
             dirs = np.concatenate([g, -g])
-        points, w = _gauss_cells(N, VOLUME_NODES)
+        points, w = gauss_cells(N, VOLUME_NODES)
         s = np.sin(points) ** (d - 2)
         c = np.clip((np.cos(points) * s) @ w / (s @ w), -1, 1)  # mean cos per cell
         sn = np.sqrt(1 - c**2)
@@ -323,7 +323,7 @@ class ZonalSolution:
         weights = np.repeat(mass / mass.sum(), k) / k
         # In JAX's default precision, as every measure the engine builds: a
         # float64 measure with x64 off would not run through `mf.simulate`.
-        return Particles(_frame(x, e), weights)
+        return Particles(householder_frame(x, e), weights)
 
 
 def _check_rho(rho0, beta: float) -> np.ndarray:
@@ -392,18 +392,18 @@ def simulate_zonal(
             finite, sigma < 0, unknown attention, saveat outside [0, t1], bad
             tolerances or max_steps, beta > 709.8 with "unnormalized".
     """
-    beta = _check_beta(beta)
-    d = _check_dimension(d)
-    _check_attention(attention)
-    _check_representable(beta, attention)
-    sigma = _check_sigma(sigma)
+    beta = check_beta(beta)
+    d = check_dimension(d)
+    check_attention(attention)
+    check_representable(beta, attention)
+    sigma = check_sigma(sigma)
     check_tolerances(rtol, atol)
     check_max_steps(max_steps)
     rho0 = _check_rho(rho0, beta)
     N = rho0.shape[0]
     grid = _grid(N, d, beta)
     mass = rho0 @ grid.volumes
-    if abs(mass - 1) > _MASS_TOL:
+    if abs(mass - 1) > MASS_TOL:
         raise ValueError(
             f"`rho0` must have mass sum V_j rho0_j = 1; got {mass:.12g}: divide it "
             "by its mass."
@@ -432,7 +432,7 @@ def simulate_zonal(
     return ZonalSolution(
         ts=out_ts,
         rho=np.where(np.isfinite(out_ts)[:, None], rho, np.nan),
-        status=_status(result, rho, out_ts),
+        status=run_status(result, rho, out_ts),
         num_steps=int(steps),
         beta=beta,
         attention=attention,

@@ -14,7 +14,7 @@ from ._funk_hecke import sphere_area
 VOLUME_NODES = 16
 
 
-def _gauss_cells(N: int, q: int):
+def gauss_cells(N: int, q: int):
     """Gauss points (N, q) in each cell and weights (q,) summing to h."""
     h = np.pi / N
     x, w = np.polynomial.legendre.leggauss(q)
@@ -27,7 +27,7 @@ def zonal_volumes(N: int, d: int) -> np.ndarray:
 
     They sum to |S^{d-1}| (to rounding); h = pi / N. For d = 2, V_j = 2 h.
     """
-    points, w = _gauss_cells(N, VOLUME_NODES)
+    points, w = gauss_cells(N, VOLUME_NODES)
     return sphere_area(d - 1) * (np.sin(points) ** (d - 2)) @ w
 
 
@@ -47,7 +47,7 @@ def cap_fraction(theta, d: int) -> np.ndarray:
     return np.where(theta <= np.pi / 2, half, 1 - half)
 
 
-def _check_axis(axis, d: int) -> np.ndarray:
+def check_axis(axis, d: int) -> np.ndarray:
     if axis is None:
         return np.eye(d)[0]
     e = np.asarray(axis, np.float64)
@@ -58,7 +58,7 @@ def _check_axis(axis, d: int) -> np.ndarray:
     return e / np.linalg.norm(e)
 
 
-def _frame(points: np.ndarray, e: np.ndarray) -> np.ndarray:
+def householder_frame(points: np.ndarray, e: np.ndarray) -> np.ndarray:
     """Points (n, d) with axis e_1 moved to axis e (a Householder reflection)."""
     u = np.eye(e.size)[0] - e
     norm = u @ u

@@ -45,22 +45,22 @@ from scipy.special import gammaln, ive
 
 from .._checks import real_scalar
 from .._repr import fields_repr
-from ._circle import _check_attention, _check_beta, _check_representable
+from ._circle import check_attention, check_beta, check_representable
 from ._funk_hecke import harmonic_dimension, legendre, scaled_funk_hecke, sphere_area
-from ._linear import _check_dimension
+from ._linear import check_dimension
 from ._stationary import (
-    _MODE_CUTOFF,
-    _PUSH,
-    _RESIDUAL_FACTOR,
-    _STABLE_SLACK,
-    _check_iteration,
-    _check_sigma,
-    _quiet,
+    MODE_CUTOFF,
+    PUSH,
+    RESIDUAL_FACTOR,
+    STABLE_SLACK,
+    check_iteration,
+    check_positive_sigma,
+    quiet,
 )
 
 # The order parameter's first step along the linear mode when following the
 # branch at prescribed order (`_zonal_branch`), and the largest step after it.
-_FIRST_ORDER, _ORDER_STEP = 0.01, 0.02
+FIRST_ORDER, ORDER_STEP = 0.01, 0.02
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # array fields: no elementwise ==
@@ -195,7 +195,7 @@ def fejer_nodes(N: int, d: int) -> tuple[np.ndarray, np.ndarray]:
     return theta, coef @ np.cos(np.outer(np.arange(N), theta))
 
 
-class _Problem:
+class Problem:
     """The discrete fixed-point map on the N Fejer nodes theta_j (`fejer_nodes`)."""
 
     def __init__(self, beta: float, attention: str, d: int, N: int):
@@ -272,13 +272,13 @@ class _Problem:
         return phi - np.log(self.w @ np.exp(phi))
 
 
-def _largest_eigenvalue(J: np.ndarray) -> float:
+def largest_eigenvalue(J: np.ndarray) -> float:
     if not np.all(np.isfinite(J)):
         return float("nan")
     return float(np.max(np.linalg.eigvals(J).real))
 
 
-def _newton(prob: _Problem, psi, s: float, tol: float, max_iter: int):
+def _newton(prob: Problem, psi, s: float, tol: float, max_iter: int):
     """Newton's method on psi = T(psi) from psi: (psi, converged, iterations, lam).
 
     lam is the largest eigenvalue of the linearised map at the last iterate (nan
@@ -304,7 +304,7 @@ def _newton(prob: _Problem, psi, s: float, tol: float, max_iter: int):
         t = 1.0
         for _ in range(15):  # backtrack on the residual's size
             trial = psi + t * step
-            with _quiet():  # a rejected trial may overflow
+            with quiet():  # a rejected trial may overflow
                 trial_im = prob.image(trial, s)
                 after = np.abs(trial - trial_im.psi).max()
             if np.isfinite(after) and after < (1 - 1e-4 * t) * size:
@@ -313,29 +313,29 @@ def _newton(prob: _Problem, psi, s: float, tol: float, max_iter: int):
         else:
             break
         psi, im = trial, trial_im
-    return psi, ok, it, _largest_eigenvalue(J)
+    return psi, ok, it, largest_eigenvalue(J)
 
 
-def _settle(prob: _Problem, psi0, s: float, tol: float, max_iter: int):
+def settle(prob: Problem, psi0, s: float, tol: float, max_iter: int):
     """A stable fixed point near psi0: (psi, converged, stable, iterations).
 
-    As the circle's `_stationary._settle`: Newton from psi0; if it lands on an
+    As the circle's `_stationary.settle`: Newton from psi0; if it lands on an
     unstable state (or fails), Picard iterations from psi0 + 1e-4 t (off a
     fixed point that is exactly uniform, along degree 1) in chunks of doubling
     length, each followed by Newton, until Newton lands on a stable state.
     """
     psi, ok, used, lam = _newton(prob, psi0, s, tol, min(100, max_iter))
-    stable = lam <= 1 + _STABLE_SLACK
+    stable = lam <= 1 + STABLE_SLACK
     if ok and stable:
         return psi, True, True, used
-    walker, chunk = psi0 + _PUSH * prob.t, 16
+    walker, chunk = psi0 + PUSH * prob.t, 16
     while used < max_iter:
         for _ in range(min(chunk, max_iter - used)):
             walker = prob.image(walker, s).psi
             used += 1
         psi, ok, it, lam = _newton(prob, walker, s, tol, min(100, max_iter))
         used += it
-        stable = lam <= 1 + _STABLE_SLACK
+        stable = lam <= 1 + STABLE_SLACK
         if ok and stable:
             return psi, True, True, used
         chunk *= 2
@@ -355,7 +355,7 @@ def _theta_derivative(f: np.ndarray) -> np.ndarray:
     return -0.5 * dst(np.concatenate([b, [0.0]]), type=3)
 
 
-def _flux_residual(prob: _Problem, rho: np.ndarray, sigma: float) -> float:
+def _flux_residual(prob: Problem, rho: np.ndarray, sigma: float) -> float:
     """The flux residual max |rho_theta - (2/sigma^2) rho v_theta| / max rho.
 
     d rho/d theta is the derivative of the cosine interpolant sum_{k<N} a_k
@@ -370,7 +370,7 @@ def _flux_residual(prob: _Problem, rho: np.ndarray, sigma: float) -> float:
     slope = _theta_derivative(rho)
     minus_sin = -np.sin(prob.theta)
     kappa = scaled_funk_hecke(np.arange(N), prob.beta, d)
-    L = int(np.nonzero(kappa >= _MODE_CUTOFF * kappa[0])[0][-1]) + 1
+    L = int(np.nonzero(kappa >= MODE_CUTOFF * kappa[0])[0][-1]) + 1
     ell = np.arange(L)
     P = legendre(L, t, d)  # (L, N): P[l, i] = P_l(t_i)
     dP = np.zeros_like(P)
@@ -390,18 +390,20 @@ def _flux_residual(prob: _Problem, rho: np.ndarray, sigma: float) -> float:
     return float(np.abs(slope - coupling * rho * v).max() / rho.max())
 
 
-def _solves(prob: _Problem, residual: float, phi: np.ndarray, tol: float) -> bool:
+def _solves(prob: Problem, residual: float, phi: np.ndarray, tol: float) -> bool:
     """Whether a flux residual says the state solves the zero-flux equation.
 
     The circle's test (`_stationary._solves`): residual <= 10 max(tol, N eps)
     (1 + max|phi|). False for a NaN residual, and a NaN or infinite phi.
     """
     scale = max(tol, prob.N * np.finfo(np.float64).eps) * (1 + np.abs(phi).max())
-    bound = _RESIDUAL_FACTOR * scale
+    bound = RESIDUAL_FACTOR * scale
     return bool(np.isfinite(bound) and residual <= bound)
 
 
-def _state(prob: _Problem, psi, sigma, converged, stable, iterations, *, tol):
+def zonal_stationary_state(
+    prob: Problem, psi, sigma, converged, stable, iterations, *, tol
+):
     """The `ZonalStationaryState` of psi; converged only if its residual agrees."""
     s = prob.scale(sigma)
     im = prob.image(psi, s)
@@ -448,18 +450,18 @@ def kernel_modes(beta: float, d: int) -> int:
     Raises:
         ValueError: beta not positive and finite, d not an integer >= 2.
     """
-    beta, d = _check_beta(beta), _check_dimension(d)
+    beta, d = check_beta(beta), check_dimension(d)
     # I_nu(beta) falls off like e^{-nu^2 / (2 beta)}: 40 sqrt(beta) + 40 covers it.
     ell = np.arange(int(40 * np.sqrt(beta) + 40))
     kappa = scaled_funk_hecke(ell, beta, d)
-    return int(np.nonzero(kappa >= _MODE_CUTOFF * kappa[0])[0][-1]) + 1
+    return int(np.nonzero(kappa >= MODE_CUTOFF * kappa[0])[0][-1]) + 1
 
 
-def _problem(beta, attention, d, N) -> _Problem:
-    beta = _check_beta(beta)
-    _check_attention(attention)
-    _check_representable(beta, attention)
-    d = _check_dimension(d)
+def problem(beta, attention, d, N) -> Problem:
+    beta = check_beta(beta)
+    check_attention(attention)
+    check_representable(beta, attention)
+    d = check_dimension(d)
     value = real_scalar(N, "N")
     if not (np.isfinite(value) and value == int(value) and value >= 8):
         raise ValueError(f"`N` must be an integer >= 8; got {N!r}.")
@@ -471,7 +473,7 @@ def _problem(beta, attention, d, N) -> _Problem:
             f"has {need} Funk-Hecke modes above 1e-17 of the largest; use N >= "
             f"{need} (and more for a sharp cluster)."
         )
-    return _Problem(beta, attention, d, N)
+    return Problem(beta, attention, d, N)
 
 
 def stationary_zonal(
@@ -525,9 +527,9 @@ def stationary_zonal(
             nonnegative, tol or max_iter not positive, unnormalised attention
             with beta > 709.8, sigma too small for float64.
     """
-    prob = _problem(beta, attention, d, N)
-    sigma = _check_sigma(sigma)
-    tol, max_iter = _check_iteration(tol, max_iter)
+    prob = problem(beta, attention, d, N)
+    sigma = check_positive_sigma(sigma)
+    tol, max_iter = check_iteration(tol, max_iter)
     s = prob.scale(sigma)
     if not np.isfinite(s):
         raise ValueError(f"`sigma` = {sigma:g} is too small for float64.")
@@ -541,5 +543,5 @@ def stationary_zonal(
             raise ValueError("`initial` must be finite, nonnegative and not all 0.")
         rho = np.maximum(rho, 1e-300)  # log of an exact 0
         psi0 = np.log(rho) - np.log(prob.w @ rho)
-    psi, ok, stable, used = _settle(prob, psi0, s, tol, max_iter)
-    return _state(prob, psi, sigma, ok, stable, used, tol=tol)
+    psi, ok, stable, used = settle(prob, psi0, s, tol, max_iter)
+    return zonal_stationary_state(prob, psi, sigma, ok, stable, used, tol=tol)

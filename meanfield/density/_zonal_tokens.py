@@ -11,8 +11,8 @@ import jax.random as jr
 import numpy as np
 from jaxtyping import ArrayLike, Float
 
-from ._linear import _check_dimension
-from ._zonal_grid import _check_axis, _frame, cap_fraction, zonal_volumes
+from ._linear import check_dimension
+from ._zonal_grid import cap_fraction, check_axis, householder_frame, zonal_volumes
 
 
 def _cell_masses(rho, d: int, name: str = "rho") -> np.ndarray:
@@ -61,12 +61,12 @@ def sample_zonal(
     Raises:
         ValueError: bad `rho`, `n`, `d` or `axis`.
     """
-    d = _check_dimension(d)
+    d = check_dimension(d)
     if isinstance(n, bool) or int(n) != n or n < 1:
         raise ValueError(f"`n` must be a positive integer; got {n!r}.")
     n = int(n)
     p = _cell_masses(rho, d)
-    e = _check_axis(axis, d)
+    e = check_axis(axis, d)
     kc, ku, kd = jr.split(key, 3)
     with jax.enable_x64(True):
         cells = np.asarray(jr.choice(kc, p.size, (n,), p=jnp.asarray(p)))
@@ -75,7 +75,7 @@ def sample_zonal(
     theta = _angle_in_cells(cells, u, p.size, d)
     g = g / np.linalg.norm(g, axis=1, keepdims=True)
     x = np.concatenate([np.cos(theta)[:, None], np.sin(theta)[:, None] * g], 1)
-    return _frame(x, e)
+    return householder_frame(x, e)
 
 
 def zonal_angles(x: Float[ArrayLike, "n d"], axis=None) -> np.ndarray:
@@ -83,7 +83,7 @@ def zonal_angles(x: Float[ArrayLike, "n d"], axis=None) -> np.ndarray:
     x = np.asarray(x, np.float64)
     if x.ndim != 2 or x.shape[1] < 2:
         raise ValueError(f"`x` must have shape (n, d), d >= 2; got {x.shape}.")
-    e = _check_axis(axis, x.shape[1])
+    e = check_axis(axis, x.shape[1])
     c = (x @ e) / np.linalg.norm(x, axis=1)
     s = np.linalg.norm(x - np.outer(x @ e, e), axis=1) / np.linalg.norm(x, axis=1)
     return np.arctan2(s, c)  # accurate at both poles, unlike arccos
@@ -115,7 +115,7 @@ def zonal_w1(
     Raises:
         ValueError: bad `rho`, `thetas`, `weights` or `d`.
     """
-    d = _check_dimension(d)
+    d = check_dimension(d)
     p = _cell_masses(rho, d)
     N = p.size
     th = np.asarray(thetas, np.float64)

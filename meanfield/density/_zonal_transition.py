@@ -11,16 +11,16 @@ import numpy as np
 from jaxtyping import ArrayLike, Float
 
 from ._linear import critical_noise
-from ._stationary import _PUSH, _check_iteration, _quiet
+from ._stationary import PUSH, check_iteration, quiet
 from ._transition import NoiseContinuation
 from ._zonal_stationary import (
-    _FIRST_ORDER,
-    _ORDER_STEP,
-    _largest_eigenvalue,
-    _Problem,
-    _problem,
-    _settle,
-    _state,
+    FIRST_ORDER,
+    ORDER_STEP,
+    Problem,
+    largest_eigenvalue,
+    problem,
+    settle,
+    zonal_stationary_state,
 )
 
 
@@ -60,8 +60,8 @@ def noise_continuation_zonal(
         ValueError: as `stationary_zonal`, and sigmas not a 1-D increasing
             array of positive noises.
     """
-    prob = _problem(beta, attention, d, N)
-    tol, max_iter = _check_iteration(tol, max_iter)
+    prob = problem(beta, attention, d, N)
+    tol, max_iter = check_iteration(tol, max_iter)
     sig = np.asarray(sigmas, np.float64)
     if (
         sig.ndim != 1
@@ -71,7 +71,7 @@ def noise_continuation_zonal(
         raise ValueError("`sigmas` must be a 1-D increasing array of positive noises.")
     if not np.isfinite(prob.scale(sig[0])):
         raise ValueError(f"`sigmas` start at {sig[0]:g}: too small for float64.")
-    push = _PUSH * prob.t
+    push = PUSH * prob.t
     ok, worst = True, 0.0
     branches = []
     for down in (True, False):
@@ -83,10 +83,8 @@ def noise_continuation_zonal(
         for i in order:
             # Down, the push leaves a uniform state that has become unstable.
             seed = psi + push if down else psi
-            psi, conv, stable, _ = _settle(
-                prob, seed, prob.scale(sig[i]), tol, max_iter
-            )
-            state = _state(prob, psi, sig[i], conv, stable, 0, tol=tol)
+            psi, conv, stable, _ = settle(prob, seed, prob.scale(sig[i]), tol, max_iter)
+            state = zonal_stationary_state(prob, psi, sig[i], conv, stable, 0, tol=tol)
             out[i], ok = state.order, ok and state.converged and stable
             worst = max(worst, state.residual)
         branches.append(out)
@@ -103,7 +101,7 @@ def noise_continuation_zonal(
     )
 
 
-def _bordered_newton(prob: _Problem, psi, s, target, tol, max_iter=60):
+def _bordered_newton(prob: Problem, psi, s, target, tol, max_iter=60):
     """Newton on (psi = T(psi; s), order(psi) = target): (psi, s, converged, lam).
 
     The circle's `_transition._bordered_newton` with dense solves: finds the
@@ -135,7 +133,7 @@ def _bordered_newton(prob: _Problem, psi, s, target, tol, max_iter=60):
         t, before = 1.0, max(size, abs(e))
         for _ in range(15):
             if s + t * ds > 0:
-                with _quiet():  # a rejected trial may overflow
+                with quiet():  # a rejected trial may overflow
                     trial = residual(psi + t * dpsi, s + t * ds)
                     after = max(np.abs(trial[1]).max(), abs(trial[2]))
                 if np.isfinite(after) and after < (1 - 1e-4 * t) * before:
@@ -147,21 +145,21 @@ def _bordered_newton(prob: _Problem, psi, s, target, tol, max_iter=60):
         im, R, e = trial
     else:
         J = prob.jacobian(im)
-    return psi, s, ok, _largest_eigenvalue(J)
+    return psi, s, ok, largest_eigenvalue(J)
 
 
-def _zonal_branch(prob: _Problem, orders: np.ndarray, tol: float = 1e-12):
+def _zonal_branch(prob: Problem, orders: np.ndarray, tol: float = 1e-12):
     """(sigma, converged, lam) at each order parameter of `orders` (increasing).
 
-    From r = _FIRST_ORDER on the linear mode (1 + d r t) / |S^{d-1}| (whose
+    From r = FIRST_ORDER on the linear mode (1 + d r t) / |S^{d-1}| (whose
     order parameter is r, int t^2 = |S^{d-1}| / d), in steps of at most
-    _ORDER_STEP, each from a secant prediction of the two before: the branch
+    ORDER_STEP, each from a secant prediction of the two before: the branch
     of one-cluster states through its folds, unstable parts included.
     """
-    path = [min(_FIRST_ORDER, float(orders[0]))]
+    path = [min(FIRST_ORDER, float(orders[0]))]
     for target in orders:
-        while path[-1] + min(_ORDER_STEP, (1 - path[-1]) / 5) < target:
-            path.append(path[-1] + min(_ORDER_STEP, (1 - path[-1]) / 5))
+        while path[-1] + min(ORDER_STEP, (1 - path[-1]) / 5) < target:
+            path.append(path[-1] + min(ORDER_STEP, (1 - path[-1]) / 5))
         if target > path[-1]:
             path.append(float(target))
     guess = np.log((1 + prob.d * path[0] * prob.t) / prob.area)

@@ -1,6 +1,6 @@
 """The queue solves of one chunk of a blow-up study (docs/math/blowup.md).
 
-`_classify` runs the passes of `blowup_times`: an explicit pass in scale-shape
+`classify` runs the passes of `blowup_times`: an explicit pass in scale-shape
 coordinates on the rate clock, an implicit (RODAS) pass for the runs it hands over,
 and passes in the orthogonal frame; `frame_only` studies are solved in the frame
 throughout.
@@ -19,7 +19,7 @@ from .._batching import map_runs
 from .._linalg import safe_eigh
 from .._ode_queue import OUT_OF_STEPS, STEP_UNDERFLOW, solve_ode_queue
 from . import _frame, _scale_shape
-from ._ode import _value_rate
+from ._ode import value_rate
 
 
 def numerical_rank(cov: Float[Array, "d d"], rtol: float) -> Int[Array, ""]:
@@ -63,7 +63,7 @@ _CODES = {
     # quiet 2-core CPU; benchmarks/README.md).
     compiler_options={"xla_cpu_multi_thread_eigen": False},
 )
-def _classify(
+def classify(
     arrays,
     static,
     cov0,
@@ -99,7 +99,7 @@ def _classify(
         params = (arrays, jnp.zeros((n,), dtype))
         growth_of = lambda p: None  # noqa: E731
     else:  # the bound's rate 2 r is constant: once per run, not per stage
-        growth = map_runs(lambda a: 2 * _value_rate(attn_of(a), t0, d), arrays)
+        growth = map_runs(lambda a: 2 * value_rate(attn_of(a), t0, d), arrays)
         params = (arrays, growth.astype(dtype))
         growth_of = lambda p: p[1]  # noqa: E731
 

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 
 from .._linalg import safe_eigh
 from . import _scale_shape
-from ._ode import _value_rate
-from ._velocity import _affine_graded
+from ._ode import value_rate
+from ._velocity import affine_graded
 
 
 def size(d: int) -> int:
@@ -81,7 +81,7 @@ def shape(y, d):
 def _frame_rates(y, attn, d):
     """(T = Q^T B Q, P = scaled R R^T, |B|_F) at a state."""
     Q, g, U, _, t, _ = unpack(y, d)
-    B, _ = _affine_graded(attn, jnp.zeros(d, y.dtype), Q, jnp.exp(g), U, t)
+    B, _ = affine_graded(attn, jnp.zeros(d, y.dtype), Q, jnp.exp(g), U, t)
     return Q.T @ B @ Q, _scaled_gram(g, U), jnp.linalg.norm(B)
 
 
@@ -100,7 +100,7 @@ def time_field(y, attn, d, growth=None):
     rows, cols = jnp.triu_indices(d, 1)
     rate = 2 * jnp.trace(T @ P) / jnp.trace(P)  # l' = tr Sigma' / tr Sigma
     if growth is None:
-        growth = 2 * _value_rate(attn, t, d)
+        growth = 2 * value_rate(attn, t, d)
     tail = jnp.stack([rate, jnp.ones_like(rate), jnp.asarray(growth, y.dtype)])
     dQ = Q @ (lower - lower.T)
     return jnp.concatenate(

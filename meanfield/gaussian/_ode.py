@@ -32,7 +32,7 @@ from .._linalg import safe_eigh
 from .._measures import Gaussian
 from .._repr import fields_repr, status_brief
 from .._step_floor import FlooredPIDController, step_floor
-from ._velocity import _affine, check_supported, split_ffn, with_ffn
+from ._velocity import check_supported, split_ffn, summed_affine, with_ffn
 
 
 class GaussianSolution(eqx.Module):
@@ -89,7 +89,7 @@ def _symmetrize(S):
     return (S + jnp.swapaxes(S, -1, -2)) / 2
 
 
-def _value_rate(attn, t, d):
+def value_rate(attn, t, d):
     """Growth rate r(t) of a blow-up-free run: |Sigma(t)| <= |Sigma0| e^{2 int r}.
 
     Per head, `covariance_growth_rate` where the family gives one (L2 with K of full
@@ -141,19 +141,19 @@ def _time_to_singularity(field, t, y):
 def _moment_field(attn):
     def field(t, state, args):
         mean, cov = state[0], _symmetrize(state[1])
-        B, b = _affine(attn, mean, cov, t)
+        B, b = summed_affine(attn, mean, cov, t)
         return B @ mean + b, _symmetrize(B @ cov + cov @ B.T)
 
     return field
 
 
 def _augmented_field(attn, d):
-    """(mean, cov, log_bound) with log_bound' = 2 r(t) (see `_value_rate`)."""
+    """(mean, cov, log_bound) with log_bound' = 2 r(t) (see `value_rate`)."""
     moments = _moment_field(attn)
 
     def field(t, state, args):
         dmean, dcov = moments(t, state, args)
-        return dmean, dcov, 2 * _value_rate(attn, t, d).astype(state[2].dtype)
+        return dmean, dcov, 2 * value_rate(attn, t, d).astype(state[2].dtype)
 
     return field
 
@@ -189,7 +189,7 @@ def simulate(
 
     Blow-up: a diffrax event stops the solve at the end of the step on which
     lambda_max(Sigma(t)) exceeds blowup_threshold * lambda_max(Sigma0) *
-    e^{2 int_0^t r}, r the growth rate of a blow-up-free run (`_value_rate`:
+    e^{2 int_0^t r}, r the growth rate of a blow-up-free run (`value_rate`:
     |V| for Sinkhorn and softmax, |V| |Q| / s_min(K) for L2 with K of full column
     rank), so Sinkhorn or full-rank L2 runs that grow exponentially are never
     flagged; a feed-forward layer adds |W_f|_2 to r. A step size below 100 ulps

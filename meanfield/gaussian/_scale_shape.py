@@ -18,14 +18,14 @@ linearisation scales with |Sigma|). For L2 and Sinkhorn |B| stays bounded and s 
 t up to a bounded factor.
 
 State of one run: y = [S (d*d, row-major), l, t, beta], beta = log of the
-blow-up-free growth bound, beta' = 2 r(t) (`_ode._value_rate`).
+blow-up-free growth bound, beta' = 2 r(t) (`_ode.value_rate`).
 """
 
 import jax
 import jax.numpy as jnp
 
-from ._ode import _value_rate
-from ._velocity import _affine
+from ._ode import value_rate
+from ._velocity import summed_affine
 
 
 def pack(cov, t0, dtype):
@@ -51,12 +51,12 @@ def time_field(y, attn, d, growth=None):
     per run: r costs singular values); None evaluates it at t.
     """
     S, ell, t, _ = unpack(y, d)
-    B, _ = _affine(attn, jnp.zeros(d, y.dtype), jnp.exp(ell) * S, t)
+    B, _ = summed_affine(attn, jnp.zeros(d, y.dtype), jnp.exp(ell) * S, t)
     G = B @ S + S @ B.T
     G = (G + G.T) / 2
     rate = jnp.trace(G) / jnp.trace(S)
     if growth is None:
-        growth = 2 * _value_rate(attn, t, d)
+        growth = 2 * value_rate(attn, t, d)
     tail = jnp.stack([rate, jnp.ones_like(rate), jnp.asarray(growth, y.dtype)])
     return jnp.concatenate([(G - rate * S).reshape(d * d), tail]), jnp.linalg.norm(B)
 

@@ -17,7 +17,7 @@ from .._ensemble import ChunkLog
 from .._feedforward import FeedForward
 from .._measures import Gaussian
 from ._blowup_study import BlowupStudy
-from ._classify import _classify
+from ._classify import classify
 from ._velocity import as_batch, check_ffn, split_ffn, with_ffn
 
 
@@ -240,7 +240,7 @@ def _solve_variants(
                     continue
                 idx = np.minimum(np.arange(start, start + width), size - 1)
                 chunk = jax.tree.map(lambda a, idx=idx: a[idx], arrays)
-                out = _classify(
+                out = classify(
                     chunk,
                     static,
                     cov0,

@@ -53,13 +53,13 @@ def _sum_heads(attn, mean, t, field_of):
     return B, b
 
 
-def _affine(attn, mean, cov, t):
+def summed_affine(attn, mean, cov, t):
     """(B, b) of N(mean, cov), summed over the heads."""
     return _sum_heads(attn, mean, t, lambda h: h.gaussian_field(mean, cov, t))
 
 
-def _affine_graded(attn, mean, frame, scales, unit, t):
-    """`_affine` for Sigma = Q diag(r) U U^T diag(r) Q^T given in factors."""
+def affine_graded(attn, mean, frame, scales, unit, t):
+    """`summed_affine` for Sigma = Q diag(r) U U^T diag(r) Q^T given in factors."""
     return _sum_heads(
         attn,
         mean,
@@ -127,7 +127,7 @@ def check_supported(attn, gauss: Gaussian) -> None:
     parameters' shapes are checked too.
     """
     _check_attention(attn)
-    jax.eval_shape(functools.partial(_affine, attn, t=0.0), gauss.mean, gauss.cov)
+    jax.eval_shape(functools.partial(summed_affine, attn, t=0.0), gauss.mean, gauss.cov)
 
 
 def velocity(
@@ -168,7 +168,7 @@ def velocity(
     if not isinstance(gauss, Gaussian):
         raise ValueError(f"`gauss` must be a `Gaussian`; got {type(gauss).__name__}.")
     attn = with_ffn(attn, ffn)
-    return _affine(attn, gauss.mean, gauss.cov, t)
+    return summed_affine(attn, gauss.mean, gauss.cov, t)
 
 
 def as_batch(attn, gauss: Gaussian, name: str):
@@ -201,7 +201,7 @@ def as_batch(attn, gauss: Gaussian, name: str):
     d = gauss.mean.shape[-1]
     try:
         B, b = jax.eval_shape(
-            functools.partial(_affine, attn, t=0.0), gauss.mean, gauss.cov
+            functools.partial(summed_affine, attn, t=0.0), gauss.mean, gauss.cov
         )
         one = B.shape == (d, d) and b.shape == (d,)
     except (ValueError, TypeError, IndexError):  # not one run of a supported family

@@ -59,7 +59,7 @@ class LipschitzResult(eqx.Module):
         )
 
 
-def _measure(x, positions, weights) -> AbstractParticles:
+def measure_of(x, positions, weights) -> AbstractParticles:
     if positions is None:
         return Particles(x, weights)
     return MaskedParticles(x, positions, weights)
@@ -295,7 +295,7 @@ def local(
     for name, value in (("tol", tol), ("rtol", rtol)):
         if not float(value) > 0:
             raise ValueError(f"`{name}` must be positive; got {value!r}.")
-    measure = _measure(x, positions, weights)
+    measure = measure_of(x, positions, weights)
     key = jr.key(0) if key is None else key
     dtype = measure.x.dtype
     u0 = jr.normal(key, measure.x.shape, dtype)

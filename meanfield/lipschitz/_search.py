@@ -17,7 +17,7 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
 from .._attention.base import AbstractAttention
 from .._repr import fields_repr
-from ._local import _measure, adversarial, local, token_dim
+from ._local import adversarial, local, measure_of, token_dim
 
 
 class SearchResult(eqx.Module):
@@ -159,7 +159,7 @@ def adversarial_search(
 
     finals, values, histories = [], [], []
     for i, x0 in enumerate(starts):
-        measure = _measure(x0, positions, None)
+        measure = measure_of(x0, positions, None)
         u0 = jr.normal(jr.fold_in(key, i), x0.shape, dtype)
         u0 = u0 / jnp.linalg.norm(u0)
         x, history = _ascent(

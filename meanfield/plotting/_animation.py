@@ -28,12 +28,12 @@ from PIL import Image
 from .._dynamics import Solution
 from .._io import atomic_path
 from ._common import (
-    _colors,
-    _equal_3d_limits,
-    _local_mass,
-    _reached_rows,
-    _subsample,
-    _unit_sphere_wireframe,
+    angle_colors,
+    cell_mass,
+    equal_3d_limits,
+    reached_rows,
+    subsample,
+    unit_sphere_wireframe,
 )
 
 KINDS = ("auto", "sphere", "3d", "2d")
@@ -82,7 +82,7 @@ class _GifWriter(animation.AbstractMovieWriter):
             )
 
 
-def _writer(path: Path, fps: float) -> animation.AbstractMovieWriter:
+def movie_writer(path: Path, fps: float) -> animation.AbstractMovieWriter:
     if path.suffix.lower() == ".gif":
         # Pillow is a matplotlib dependency: GIFs can always be written.
         return _GifWriter(fps=fps)
@@ -182,7 +182,7 @@ def _sphere_view(ax, center: np.ndarray) -> np.ndarray:
 def _axes(fig: Figure, kind: str, x: np.ndarray, dims, coordinate: str) -> tuple:
     """Fixed axes for all frames of x (T, n, dim): (ax, cell, eye).
 
-    `cell` is the side of the grid cells in which `_local_mass` sums weights (2%
+    `cell` is the side of the grid cells in which `cell_mass` sums weights (2%
     of the extent); `eye` the unit vector towards the viewer on the sphere, else
     None.
     """
@@ -204,7 +204,7 @@ def _axes(fig: Figure, kind: str, x: np.ndarray, dims, coordinate: str) -> tuple
         ax.computed_zorder = False
         if kind == "sphere":
             eye = _sphere_view(ax, x[-1].mean(axis=0))
-            _unit_sphere_wireframe(ax)
+            unit_sphere_wireframe(ax)
             ax.set_xlim(-1, 1)
             ax.set_ylim(-1, 1)
             ax.set_zlim(-1, 1)
@@ -212,7 +212,7 @@ def _axes(fig: Figure, kind: str, x: np.ndarray, dims, coordinate: str) -> tuple
             ax.set_axis_off()
             cell = 0.02
         else:
-            _equal_3d_limits(ax, x.reshape(-1, 3))
+            equal_3d_limits(ax, x.reshape(-1, 3))
             # Few, small tick labels: the defaults crowd a 400-pixel frame.
             for axis in (ax.xaxis, ax.yaxis, ax.zaxis):
                 axis.set_major_locator(MaxNLocator(5))
@@ -315,7 +315,7 @@ def animate(
     if coordinate is None:
         coordinate = "x" if x is None else "z"
     ts, x, weights = _trajectories(sol, x, ts)
-    ts, x = _reached_rows(ts, x)
+    ts, x = reached_rows(ts, x)
     kind = _resolve_kind(kind, x)
     d = x.shape[2]
     if kind == "2d":
@@ -324,7 +324,7 @@ def animate(
             raise ValueError(
                 f"`dims` must be two distinct coordinates in [0, {d}); got {dims}."
             )
-    keep = _subsample(x.shape[1], max_particles)
+    keep = subsample(x.shape[1], max_particles)
     rows = _frame_rows(x.shape[0], int(max_frames))
     ts, x = ts[rows], x[rows][:, keep]
     weights = weights[keep]
@@ -333,8 +333,8 @@ def animate(
     weights = weights / total if total > 0 else np.full_like(weights, 1 / weights.size)
     if kind == "2d":
         x = x[:, :, list(dims)]
-    colors = _colors(x[0])
-    writer = _writer(path, fps)  # raises before any rendering if ffmpeg is missing
+    colors = angle_colors(x[0])
+    writer = movie_writer(path, fps)  # raises before any rendering if ffmpeg is missing
 
     fig = Figure(figsize=(_SIZE_INCHES, _SIZE_INCHES), dpi=80)
     ax, cell, eye = _axes(fig, kind, x, dims, coordinate)
@@ -349,7 +349,7 @@ def animate(
             for k in frames:
                 for artist in dynamic:
                     artist.remove()
-                sizes = _sizes(x[k], weights, cell, _local_mass)
+                sizes = _sizes(x[k], weights, cell, cell_mass)
                 dynamic = _draw_frame(ax, kind, x, k, trail, colors, sizes, eye)
                 label = f"t = {ts[k]:.3g}"
                 ax.set_title(f"{title}   {label}" if title else label)

@@ -5,7 +5,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from ..clustering._over_time import ClusterCounts
-from ._common import _new_axes
+from ._common import new_axes
 
 _TOL_AXES_LABEL = "meanfield: tolerance"
 
@@ -122,7 +122,7 @@ def plot_cluster_counts(
         finite_tols = tols[np.isfinite(tols)]
         if finite_tols.size and np.all(finite_tols == finite_tols[0]):
             tols = finite_tols[0]  # constant: annotate once, in the legend
-    fig, ax = _new_axes(ax, figsize=(6.0, 4.0))
+    fig, ax = new_axes(ax, figsize=(6.0, 4.0))
     text = label
     if tols is not None and tols.ndim == 0:
         suffix = f"tol = {float(tols):.3g}"
@@ -205,7 +205,7 @@ def plot_phase_diagram(
     Returns:
         The figure.
     """
-    fig, ax = _new_axes(ax)
+    fig, ax = new_axes(ax)
     ts, betas = np.asarray(diagram.ts), np.asarray(diagram.betas)
     keep = ts > 0 if log_time else np.ones(ts.shape, bool)
     mesh = ax.pcolormesh(

@@ -7,7 +7,7 @@ from matplotlib.lines import Line2D
 _CMAP = "twilight"
 
 
-def _reached_rows(ts, x) -> tuple[np.ndarray, np.ndarray]:
+def reached_rows(ts, x) -> tuple[np.ndarray, np.ndarray]:
     """Saved times and states that were reached: finite time and finite state.
 
     Rows after an early stop (blow-up, max_steps) are +inf in a `Solution`.
@@ -25,7 +25,7 @@ def _reached_rows(ts, x) -> tuple[np.ndarray, np.ndarray]:
     return ts[keep], x[keep]
 
 
-def _subsample(n: int, max_particles: int) -> np.ndarray:
+def subsample(n: int, max_particles: int) -> np.ndarray:
     """Indices of at most `max_particles` of n particles, evenly spread."""
     if max_particles < 1:
         raise ValueError(f"`max_particles` must be >= 1; got {max_particles}.")
@@ -34,7 +34,7 @@ def _subsample(n: int, max_particles: int) -> np.ndarray:
     return np.unique(np.linspace(0, n - 1, max_particles).round().astype(int))
 
 
-def _colors(x0: np.ndarray) -> np.ndarray:
+def angle_colors(x0: np.ndarray) -> np.ndarray:
     """RGBA (n, 4): cyclic colour of the angle of (x0[:, 0], x0[:, 1])."""
     if x0.shape[1] < 2:
         angle = np.zeros(x0.shape[0])
@@ -43,7 +43,7 @@ def _colors(x0: np.ndarray) -> np.ndarray:
     return plt.get_cmap(_CMAP)((angle + np.pi) / (2 * np.pi))
 
 
-def _local_mass(x: np.ndarray, weights, cell: float = 0.02) -> np.ndarray:
+def cell_mass(x: np.ndarray, weights, cell: float = 0.02) -> np.ndarray:
     """Weight of the grid cell (side `cell`) holding each point, shape (n,).
 
     A cheap O(n log n) stand-in for the mass near each point, so that a cluster
@@ -57,7 +57,7 @@ def _local_mass(x: np.ndarray, weights, cell: float = 0.02) -> np.ndarray:
     return np.bincount(inverse, weights=w)[inverse]
 
 
-def _new_axes(ax, projection: str | None = None, figsize=(5.0, 5.0)):
+def new_axes(ax, projection: str | None = None, figsize=(5.0, 5.0)):
     if ax is not None:
         if projection == "3d" and ax.name != "3d":
             raise ValueError("`ax` must be a 3-D axes (projection='3d').")
@@ -66,7 +66,7 @@ def _new_axes(ax, projection: str | None = None, figsize=(5.0, 5.0)):
     return fig, fig.add_subplot(projection=projection)
 
 
-def _start_end_legend(ax, t_start: float, t_end: float) -> None:
+def start_end_legend(ax, t_start: float, t_end: float) -> None:
     # Proxy handles: the scatters are multi-coloured, the legend should be neutral.
     handles = [
         Line2D(
@@ -77,7 +77,7 @@ def _start_end_legend(ax, t_start: float, t_end: float) -> None:
     ax.legend(handles=handles, loc="upper right", fontsize="small", framealpha=0.8)
 
 
-def _equal_3d_limits(ax, pts: np.ndarray) -> None:
+def equal_3d_limits(ax, pts: np.ndarray) -> None:
     """Cube limits around the points: equal scale on the three axes."""
     lo, hi = pts.min(axis=0), pts.max(axis=0)
     center, half = (lo + hi) / 2, max(float((hi - lo).max()) / 2, 1e-12) * 1.05
@@ -87,7 +87,7 @@ def _equal_3d_limits(ax, pts: np.ndarray) -> None:
     ax.set_box_aspect((1, 1, 1))
 
 
-def _unit_sphere_wireframe(ax) -> None:
+def unit_sphere_wireframe(ax) -> None:
     """A light wireframe of S^2 (10-degree meridians and parallels) on 3-D axes."""
     u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 37), np.linspace(0, np.pi, 19))
     ax.plot_wireframe(

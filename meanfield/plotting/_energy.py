@@ -4,7 +4,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..clustering._merging import MergingSolution
-from ._common import _new_axes
+from ._common import new_axes
 
 
 def plot_energy(
@@ -84,7 +84,7 @@ def plot_energy(
         raise ValueError("no positive finite time with a finite energy to plot.")
     if beta is not None:
         log_e = log_e + np.log(2 * beta) - beta
-    fig, ax = _new_axes(ax, figsize=(6.5, 4.0))
+    fig, ax = new_axes(ax, figsize=(6.5, 4.0))
     ax.plot(ts[keep], np.exp(log_e[keep]), label=label, color="C0")
     ax.set_xscale("log")
     ax.set_xlabel("t")

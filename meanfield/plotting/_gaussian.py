@@ -14,7 +14,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ..gaussian._blowup_study import BlowupStudy
 from ..gaussian._ode import GaussianSolution
-from ._common import _new_axes
+from ._common import new_axes
 
 _TIME_CMAP = "viridis"
 
@@ -212,7 +212,7 @@ def plot_covariance_eigenvalues(
         TypeError: `solutions` neither a GaussianSolution nor a dict of them.
     """
     solutions = _variants(solutions)
-    fig, ax = _new_axes(ax, figsize=(7.0, 4.5))
+    fig, ax = new_axes(ax, figsize=(7.0, 4.5))
     for c, (name, sol) in enumerate(solutions.items()):
         color = f"C{c}"
         ts, _, cov = _gaussian_rows(sol)
@@ -330,7 +330,7 @@ def plot_blowup_phase_diagram(
             f"`times` must have shape (len(r_values), len(s_values)) = "
             f"({r.size}, {s.size}); got {times.shape}."
         )
-    fig, ax = _new_axes(ax, figsize=(6.2, 5.0))
+    fig, ax = new_axes(ax, figsize=(6.2, 5.0))
     finite = np.isfinite(times)
     never = np.isposinf(times)
     failed = np.isnan(times)

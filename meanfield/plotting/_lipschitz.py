@@ -5,7 +5,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ._common import _new_axes
+from ._common import new_axes
 
 
 def _slope_label(name: str, slope: float) -> str:
@@ -45,7 +45,7 @@ def plot_lipschitz_scaling(study, *, ax=None, title: str | None = None) -> Figur
     Returns:
         The figure.
     """
-    fig, ax = _new_axes(ax, figsize=(6.0, 4.5))
+    fig, ax = new_axes(ax, figsize=(6.0, 4.5))
     ns = np.asarray(study.ns)
     unconverged = []
     measured = (
@@ -129,7 +129,7 @@ def plot_real_model_lipschitz(result, *, ax=None, title: str | None = None) -> F
     Returns:
         The figure.
     """
-    fig, ax = _new_axes(ax, figsize=(6.0, 4.5))
+    fig, ax = new_axes(ax, figsize=(6.0, 4.5))
     lengths = np.asarray(result.lengths)
     values = np.asarray(result.values, float)
     colors = plt.get_cmap("viridis")(np.linspace(0.0, 0.9, max(len(values), 1)))

@@ -7,14 +7,14 @@ from mpl_toolkits.mplot3d.art3d import Line3DCollection
 
 from .._dynamics import Solution
 from ._common import (
-    _colors,
-    _equal_3d_limits,
-    _local_mass,
-    _new_axes,
-    _reached_rows,
-    _start_end_legend,
-    _subsample,
-    _unit_sphere_wireframe,
+    angle_colors,
+    cell_mass,
+    equal_3d_limits,
+    new_axes,
+    reached_rows,
+    start_end_legend,
+    subsample,
+    unit_sphere_wireframe,
 )
 
 
@@ -47,16 +47,16 @@ def plot_trajectories(
     Raises:
         ValueError: `dims` not two distinct coordinates in [0, d), no finite state.
     """
-    ts, x = _reached_rows(sol.ts, sol.x)
+    ts, x = reached_rows(sol.ts, sol.x)
     d = x.shape[2]
     i, j = dims
     if len(dims) != 2 or i == j or not (0 <= i < d and 0 <= j < d):
         raise ValueError(
             f"`dims` must be two distinct coordinates in [0, {d}); got {dims}."
         )
-    x = x[:, _subsample(x.shape[1], max_particles)][:, :, [i, j]]
-    colors = _colors(x[0])
-    fig, ax = _new_axes(ax)
+    x = x[:, subsample(x.shape[1], max_particles)][:, :, [i, j]]
+    colors = angle_colors(x[0])
+    fig, ax = new_axes(ax)
     # One LineCollection, not n plot calls: fast for hundreds of particles.
     paths = LineCollection(
         np.swapaxes(x, 0, 1), colors=colors, linewidths=0.7, alpha=0.5
@@ -68,7 +68,7 @@ def plot_trajectories(
     ax.set_aspect("equal", adjustable="datalim")
     ax.set_xlabel(f"${coordinate}_{{{i}}}$")
     ax.set_ylabel(f"${coordinate}_{{{j}}}$")
-    _start_end_legend(ax, ts[0], ts[-1])
+    start_end_legend(ax, ts[0], ts[-1])
     ax.set_title(title if title is not None else "particle trajectories")
     return fig
 
@@ -102,16 +102,16 @@ def plot_sphere(
     Raises:
         ValueError: d != 3, `time_index` out of range, `ax` not 3-D.
     """
-    ts, x = _reached_rows(sol.ts, sol.x)
+    ts, x = reached_rows(sol.ts, sol.x)
     if x.shape[2] != 3:
         raise ValueError(f"`plot_sphere` needs d = 3; got d = {x.shape[2]}.")
     T = x.shape[0]
     if not -T <= time_index < T:
         raise ValueError(f"`time_index` must be in [-{T}, {T}); got {time_index}.")
     k = time_index % T
-    colors = _colors(x[0])
+    colors = angle_colors(x[0])
     new = ax is None
-    fig, ax = _new_axes(ax, "3d")
+    fig, ax = new_axes(ax, "3d")
     if new:
         center = x[k].mean(axis=0)
         if np.linalg.norm(center) > 1e-3:
@@ -124,7 +124,7 @@ def plot_sphere(
     # mplot3d sorts whole collections by mean depth, which can hide every point
     # behind the wireframe: draw in call order instead, points last.
     ax.computed_zorder = False
-    _unit_sphere_wireframe(ax)
+    unit_sphere_wireframe(ax)
     if k > 0:
         ax.add_collection3d(
             Line3DCollection(
@@ -136,7 +136,7 @@ def plot_sphere(
         [np.cos(elev) * np.cos(azim), np.cos(elev) * np.sin(azim), np.sin(elev)]
     )
     front = x[k] @ eye >= 0
-    sizes = 14 * np.sqrt(x.shape[1] * _local_mass(x[k], sol.initial.weights))
+    sizes = 14 * np.sqrt(x.shape[1] * cell_mass(x[k], sol.initial.weights))
     for mask, alpha in ((~front, 0.25), (front, 1.0)):
         if mask.any():
             ax.scatter(
@@ -195,9 +195,9 @@ def plot_trajectories_3d(
     x = np.asarray(x_traj)
     if x.ndim != 3 or x.shape[2] != 3:
         raise ValueError(f"`x_traj` must have shape (T, n, 3); got shape {x.shape}.")
-    ts, x = _reached_rows(ts, x)
-    colors = _colors(x[0])
-    fig, ax = _new_axes(ax, "3d")
+    ts, x = reached_rows(ts, x)
+    colors = angle_colors(x[0])
+    fig, ax = new_axes(ax, "3d")
     ax.add_collection3d(
         Line3DCollection(
             np.swapaxes(x, 0, 1), colors=colors, linewidths=0.6, alpha=0.45
@@ -207,11 +207,11 @@ def plot_trajectories_3d(
     ax.scatter(
         *x[-1].T, s=24, c=colors, edgecolors="k", linewidths=0.4, depthshade=False
     )
-    _equal_3d_limits(ax, x.reshape(-1, 3))
+    equal_3d_limits(ax, x.reshape(-1, 3))
     ax.set_xlabel(f"${coordinate}_0$")
     ax.set_ylabel(f"${coordinate}_1$")
     ax.set_zlabel(f"${coordinate}_2$")
-    _start_end_legend(ax, ts[0], ts[-1])
+    start_end_legend(ax, ts[0], ts[-1])
     ax.set_title(title if title is not None else "particle trajectories")
     return fig
 
@@ -227,9 +227,9 @@ def plot_radius(sol: Solution, *, ax=None, title: str | None = None) -> Figure:
     Returns:
         The figure.
     """
-    ts, x = _reached_rows(sol.ts, sol.x)
+    ts, x = reached_rows(sol.ts, sol.x)
     radius = np.linalg.norm(x, axis=-1).max(axis=-1)
-    fig, ax = _new_axes(ax, figsize=(6.0, 4.0))
+    fig, ax = new_axes(ax, figsize=(6.0, 4.0))
     ax.semilogy(ts, radius, marker=".", markersize=3, label=r"$\max_i |x_i(t)|$")
     t_star = float(np.asarray(sol.blowup_time))
     if np.isfinite(t_star):

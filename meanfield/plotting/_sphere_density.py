@@ -7,7 +7,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..density._sphere import SphereSolution
-from ._animation import _writer
+from ._animation import movie_writer
 
 
 def _check_solution(sol) -> SphereSolution:
@@ -141,7 +141,7 @@ def animate_sphere_density(
     picks = np.linspace(0, reached.size - 1, int(max_frames)).round().astype(int)
     rows = reached[np.unique(picks)]
     path = Path(path)
-    writer = _writer(path, float(fps))
+    writer = movie_writer(path, float(fps))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig = plt.figure(figsize=(6.0, 3.6), layout="constrained")
     ax = fig.add_subplot(projection="mollweide")
