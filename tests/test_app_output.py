@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -64,6 +65,17 @@ def test_a_lock_whose_pid_now_belongs_to_another_program_is_taken_over(tmp_path)
     # run, or by one started after the lock was written. Neither holds it.
     out = Output(tmp_path / "run")
     sleeper = subprocess.Popen(["sleep", "60"])
+    # Popen returns when exec has closed its error pipe, which the kernel does
+    # before it installs the new command line: under load /proc still shows
+    # the forking Python for a moment. Wait until it shows `sleep`.
+    cmdline = Path("/proc", str(sleeper.pid), "cmdline")
+    deadline = time.monotonic() + 10
+    while (
+        cmdline.exists()  # Linux; elsewhere the lock cannot read command lines
+        and not cmdline.read_bytes().startswith(b"sleep")
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.001)
     try:
         (out.dir / LOCK).write_text(f"{sleeper.pid}\n")  # a bare pid, as of old
         out.lock()

@@ -35,8 +35,8 @@ from ._stationary import (
 )
 
 TRANSITIONS = ("continuous", "discontinuous")
-# `cluster_branch` starts on the linear mode at this order parameter and moves
-# by at most _ORDER_STEP.
+# A branch of stationary states starts on the linear mode at this order
+# parameter and moves by at most _ORDER_STEP (`order_path`).
 _FIRST_ORDER, _ORDER_STEP = 0.01, 0.02
 
 
@@ -415,6 +415,22 @@ def cluster_branch(
     )
 
 
+def order_path(orders) -> list[float]:
+    """The order parameters a branch is continued through to reach `orders`.
+
+    From min(_FIRST_ORDER, orders[0]) in steps of at most _ORDER_STEP and
+    (1 - r) / 5 (near r = 1 the cluster sharpens fast), every target of
+    `orders` (increasing) included.
+    """
+    path = [min(_FIRST_ORDER, float(orders[0]))]
+    for target in orders:
+        while path[-1] + min(_ORDER_STEP, (1 - path[-1]) / 5) < target:
+            path.append(path[-1] + min(_ORDER_STEP, (1 - path[-1]) / 5))
+        if target > path[-1]:
+            path.append(float(target))
+    return path
+
+
 def _branch(prob: Problem, r: np.ndarray, tol: float):
     """(psi, s, converged, lam) at each order parameter of r (increasing).
 
@@ -422,13 +438,7 @@ def _branch(prob: Problem, r: np.ndarray, tol: float):
     most _ORDER_STEP and (1 - r) / 5, each from a secant prediction of the two
     before.
     """
-    path = [min(_FIRST_ORDER, float(r[0]))]
-    for target in r:
-        # Near r = 1 the cluster sharpens fast: steps of at most (1 - r) / 5.
-        while path[-1] + min(_ORDER_STEP, (1 - path[-1]) / 5) < target:
-            path.append(path[-1] + min(_ORDER_STEP, (1 - path[-1]) / 5))
-        if target > path[-1]:
-            path.append(float(target))
+    path = order_path(r)
     theta = cell_centres(prob.N)[: prob.N // 2]
     guess = np.log((1 + 2 * path[0] * np.cos(theta)) / (2 * np.pi))
     s = prob.scale(critical(prob.beta, prob.attention))

@@ -58,10 +58,6 @@ from ._stationary import (
     quiet,
 )
 
-# The order parameter's first step along the linear mode when following the
-# branch at prescribed order (`_zonal_branch`), and the largest step after it.
-FIRST_ORDER, ORDER_STEP = 0.01, 0.02
-
 
 @dataclasses.dataclass(frozen=True, eq=False)  # array fields: no elementwise ==
 class ZonalStationaryState:

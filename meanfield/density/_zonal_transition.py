@@ -12,10 +12,8 @@ from jaxtyping import ArrayLike, Float
 
 from ._linear import critical_noise
 from ._stationary import PUSH, check_iteration, quiet
-from ._transition import NoiseContinuation
+from ._transition import NoiseContinuation, order_path
 from ._zonal_stationary import (
-    FIRST_ORDER,
-    ORDER_STEP,
     Problem,
     largest_eigenvalue,
     problem,
@@ -151,17 +149,12 @@ def _bordered_newton(prob: Problem, psi, s, target, tol, max_iter=60):
 def _zonal_branch(prob: Problem, orders: np.ndarray, tol: float = 1e-12):
     """(sigma, converged, lam) at each order parameter of `orders` (increasing).
 
-    From r = FIRST_ORDER on the linear mode (1 + d r t) / |S^{d-1}| (whose
-    order parameter is r, int t^2 = |S^{d-1}| / d), in steps of at most
-    ORDER_STEP, each from a secant prediction of the two before: the branch
+    Along `_transition.order_path`, from the linear mode (1 + d r t) / |S^{d-1}|
+    (whose order parameter is r, int t^2 = |S^{d-1}| / d), each from a secant
+    prediction of the two before: the branch
     of one-cluster states through its folds, unstable parts included.
     """
-    path = [min(FIRST_ORDER, float(orders[0]))]
-    for target in orders:
-        while path[-1] + min(ORDER_STEP, (1 - path[-1]) / 5) < target:
-            path.append(path[-1] + min(ORDER_STEP, (1 - path[-1]) / 5))
-        if target > path[-1]:
-            path.append(float(target))
+    path = order_path(orders)
     guess = np.log((1 + prob.d * path[0] * prob.t) / prob.area)
     s = prob.scale(float(critical_noise(prob.beta, prob.attention, prob.d)))
     history, found = [], {}
